@@ -1,0 +1,27 @@
+// Writes that never leave a half-written file: write to "<path>.tmp.<pid>" in the same
+// directory, fsync, then rename over the destination.
+#ifndef KVARN_DATA_ATOMIC_FILE_HPP_
+#define KVARN_DATA_ATOMIC_FILE_HPP_
+
+#include <filesystem>
+#include <functional>
+#include <string>
+
+namespace kvarn {
+
+// Temporary sibling path used while `path` is being written.
+std::filesystem::path temp_path_for(const std::filesystem::path& path);
+
+// Calls write(tmp) and renames tmp to path on success; on any exception the temporary is removed
+// and the exception propagates. Refuses to overwrite unless `overwrite`.
+void write_atomically(const std::filesystem::path& path,
+                      const std::function<void(const std::filesystem::path& tmp)>& write,
+                      bool overwrite = true);
+
+// Whole-file text write, atomically.
+void write_text_atomically(const std::filesystem::path& path, const std::string& text,
+                           bool overwrite = true);
+
+}  // namespace kvarn
+
+#endif  // KVARN_DATA_ATOMIC_FILE_HPP_

@@ -1,0 +1,65 @@
+#include "kvarn/data/atomic_file.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "kvarn/data/error.hpp"
+
+namespace kvarn {
+
+namespace fs = std::filesystem;
+
+fs::path temp_path_for(const fs::path& path) {
+  return path.parent_path() /
+         (path.filename().string() + ".tmp." + std::to_string(static_cast<long>(::getpid())));
+}
+
+namespace {
+void fsync_path(const fs::path& p) {
+  int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+}  // namespace
+
+void write_atomically(const fs::path& path, const std::function<void(const fs::path&)>& write,
+                      bool overwrite) {
+  KVARN_CHECK(overwrite || !fs::exists(path), path.string(),
+              ": refusing to overwrite an existing file");
+  if (!path.parent_path().empty()) fs::create_directories(path.parent_path());
+  const fs::path tmp = temp_path_for(path);
+  try {
+    write(tmp);
+    fsync_path(tmp);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw;
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    fail(path.string(), ": cannot move the finished file into place: ", ec.message());
+  }
+  if (!path.parent_path().empty()) fsync_path(path.parent_path());
+}
+
+void write_text_atomically(const fs::path& path, const std::string& text, bool overwrite) {
+  write_atomically(
+      path,
+      [&](const fs::path& tmp) {
+        std::ofstream os(tmp, std::ios::binary);
+        KVARN_CHECK(os.good(), tmp.string(), ": cannot open for writing");
+        os << text;
+        os.flush();
+        KVARN_CHECK(os.good(), tmp.string(), ": write failed");
+      },
+      overwrite);
+}
+
+}  // namespace kvarn
