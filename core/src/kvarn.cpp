@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "families.hpp"
+#include "kvarn/core/half_array.hpp"
 #include "kvarn/core/pack.hpp"
 #include "kvarn/core/portable_math.hpp"
 #include "kvarn/data/error.hpp"
@@ -85,16 +86,17 @@ void kvarn_encode_stream(StreamKind kind, const KvarnConfig& cfg, const Rotation
 
   thread_local std::vector<float> rotated, oriented, balanced, scale, lo;
   thread_local std::vector<std::uint8_t> codes;
-  rotated.assign(rows, rows + n);
-  rot.forward(rotated.data(), g);
-  for (auto& x : rotated) x = round_to_half(x);
+  // Rotate on a channel-major copy (vectorized butterflies), round to fp16: that copy is already
+  // the K orientation [D, G]; V goes back to token-major [G, D].
   oriented.resize(n);
-  if (is_key) {
-    for (int t = 0; t < g; ++t)
-      for (int c = 0; c < d; ++c) oriented[static_cast<std::size_t>(c) * g + t] = rotated[t * d + c];
-  } else {
-    std::copy(rotated.begin(), rotated.end(), oriented.begin());
+  transpose(rows, g, d, oriented.data());
+  rot.forward_columns(oriented.data(), g);
+  round_to_half_inplace(oriented.data(), n);
+  if (!is_key || st) {
+    rotated.resize(n);
+    transpose(oriented.data(), d, g, rotated.data());
   }
+  if (!is_key) oriented.swap(rotated);
   balanced.resize(n);
   VarnResult vr = variance_normalize(oriented.data(), rows_o, cols_o, cfg.varn, balanced.data());
   RtnParams rp;
@@ -132,7 +134,7 @@ void kvarn_encode_stream(StreamKind kind, const KvarnConfig& cfg, const Rotation
 
   if (st) {
     st->raw.assign(rows, rows + n);
-    st->rotated = rotated;
+    st->rotated = is_key ? rotated : oriented;
     st->normalized = balanced;
     st->varn = vr;
     st->codes = codes;
@@ -273,7 +275,7 @@ class KvarnCodec : public StreamCodec {
     const std::size_t total = static_cast<std::size_t>(n) * head_dim_;
     std::copy(rows, rows + total, recon);
     rot_.forward(recon, n);
-    for (std::size_t i = 0; i < total; ++i) recon[i] = round_to_half(recon[i]);
+    round_to_half_inplace(recon, total);
     rot_.inverse(recon, n);
   }
 

@@ -3,8 +3,10 @@
 #include <Eigen/Dense>
 #include <cmath>
 
+#include "kvarn/core/half_array.hpp"
 #include "kvarn/core/rng.hpp"
 #include "kvarn/data/error.hpp"
+#include "simd.hpp"
 
 namespace kvarn {
 
@@ -136,7 +138,7 @@ std::vector<float> hadamard_matrix(int n) {
   return h;
 }
 
-void fwht(float* x, int n) {
+KVARN_SIMD_CLONES void fwht(float* x, int n) {
   for (int h = 1; h < n; h <<= 1) {
     for (int i = 0; i < n; i += 2 * h) {
       for (int j = i; j < i + h; ++j) {
@@ -175,6 +177,37 @@ Rotation::Rotation(RotationKind kind, int dim, std::uint64_t seed)
 }
 
 void Rotation::forward(float* x, int rows) const { apply(x, rows, false); }
+
+namespace {
+KVARN_SIMD_CLONES void fwht_columns(float* xt, int d, int n, float scale) {
+  for (int h = 1; h < d; h <<= 1) {
+    for (int i = 0; i < d; i += 2 * h) {
+      for (int j = i; j < i + h; ++j) {
+        float* a = xt + static_cast<size_t>(j) * n;
+        float* b = xt + static_cast<size_t>(j + h) * n;
+        for (int c = 0; c < n; ++c) {
+          const float x = a[c], y = b[c];
+          a[c] = x + y;
+          b[c] = x - y;
+        }
+      }
+    }
+  }
+  for (size_t i = 0; i < static_cast<size_t>(d) * n; ++i) xt[i] *= scale;
+}
+}  // namespace
+
+void Rotation::forward_columns(float* xt, int n) const {
+  if (kind_ == RotationKind::kNone) return;
+  if (kind_ == RotationKind::kHadamard && k_ == 1) {
+    fwht_columns(xt, dim_, n, scale_);
+    return;
+  }
+  std::vector<float> rows(static_cast<size_t>(dim_) * n);
+  transpose(xt, dim_, n, rows.data());
+  forward(rows.data(), n);
+  transpose(rows.data(), n, dim_, xt);
+}
 void Rotation::inverse(float* x, int rows) const { apply(x, rows, true); }
 
 void Rotation::apply(float* x, int rows, bool transpose) const {

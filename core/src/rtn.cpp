@@ -5,6 +5,7 @@
 
 #include "kvarn/core/portable_math.hpp"
 #include "kvarn/data/error.hpp"
+#include "simd.hpp"
 
 namespace kvarn {
 
@@ -18,7 +19,8 @@ float quantile_linear(const float* x, int n, float q) {
   return s[i] + (s[i + 1] - s[i]) * frac;
 }
 
-void rtn_rows(const float* x, int rows, int cols, const RtnParams& p, std::uint8_t* codes,
+KVARN_SIMD_CLONES void rtn_rows(const float* x, int rows, int cols, const RtnParams& p,
+                                std::uint8_t* codes,
               float* scale, float* lo) {
   KVARN_CHECK(p.bits >= 1 && p.bits <= 8, "RTN bits must be in 1..8, got ", p.bits);
   KVARN_CHECK(p.quantile >= 0.0f && p.quantile < 0.5f, "RTN quantile must be in [0, 0.5), got ",
@@ -41,11 +43,13 @@ void rtn_rows(const float* x, int rows, int cols, const RtnParams& p, std::uint8
     const float s = std::max((mx - mn) / qmax, p.min_scale);
     scale[r] = s;
     lo[r] = mn;
+    // clamp(round(y)) == round(clamp(y)) for y = (x - lo) / scale, and after the clamp y is in
+    // [0, 255], where round_half_even is exact and branch-free: the loop vectorizes.
     std::uint8_t* out = codes + static_cast<size_t>(r) * cols;
     for (int c = 0; c < cols; ++c) {
-      float q = round_half_even((row[c] - mn) / s);
-      q = std::min(std::max(q, 0.0f), qmax);
-      out[c] = static_cast<std::uint8_t>(q);
+      float y = (row[c] - mn) / s;
+      y = std::min(std::max(y, 0.0f), qmax);
+      out[c] = static_cast<std::uint8_t>(static_cast<int>((y + 12582912.0f) - 12582912.0f));
     }
   }
 }

@@ -5,6 +5,7 @@
 #include "kvarn/core/portable_math.hpp"
 #include "kvarn/core/reduce.hpp"
 #include "kvarn/data/error.hpp"
+#include "simd.hpp"
 
 namespace kvarn {
 namespace {
@@ -20,40 +21,120 @@ float ratio(const std::vector<float>& s, float floor) {
   return mx / std::max(mn, floor);
 }
 
-void row_stds(const float* x, int rows, int cols, std::vector<float>& out) {
+KVARN_SIMD_CLONES void row_stds(const float* x, int rows, int cols, std::vector<float>& out) {
   for (int r = 0; r < rows; ++r) out[r] = canonical_std(x + static_cast<size_t>(r) * cols, cols);
 }
 
-// out[r][c] = (src[r][c] / by_col[c]) / by_row[r]   (the upstream T / exp(log_sc) / exp(log_sr))
-void rescale(const float* src, int rows, int cols, const float* by_col, const float* by_row,
-             float* out) {
+// a[r][c] = src[r][c] / by_col[c]: the first division of the upstream T / exp(log_sc) / exp(log_sr).
+KVARN_SIMD_CLONES void divide_cols(const float* src, int rows, int cols, const float* by_col,
+                                   float* a) {
   for (int r = 0; r < rows; ++r) {
     const float* s = src + static_cast<size_t>(r) * cols;
-    float* o = out + static_cast<size_t>(r) * cols;
-    const float rr = by_row[r];
-    for (int c = 0; c < cols; ++c) o[c] = (s[c] / by_col[c]) / rr;
+    float* o = a + static_cast<size_t>(r) * cols;
+    for (int c = 0; c < cols; ++c) o[c] = s[c] / by_col[c];
   }
 }
 
-// Transposed variant, same arithmetic per element: srcT is cols x rows, outT[c][r] =
-// (srcT[c][r] / by_col[c]) / by_row[r].
-void rescale_t(const float* src_t, int rows, int cols, const float* by_col, const float* by_row,
-               float* out_t) {
+// Column stds in the canonical order of each column (lane = row % 8, rows in order, fixed tree),
+// vectorized across columns with eight accumulator rows: no transpose needed.
+KVARN_SIMD_CLONES void col_stds(const float* x, int rows, int cols, std::vector<float>& out) {
+  thread_local std::vector<float> acc, mean;
+  acc.assign(static_cast<size_t>(8) * cols, 0.0f);
+  mean.resize(cols);
+  for (int r = 0; r < rows; ++r) {
+    float* a = acc.data() + static_cast<size_t>(r & 7) * cols;
+    const float* xr = x + static_cast<size_t>(r) * cols;
+    for (int c = 0; c < cols; ++c) a[c] += xr[c];
+  }
+  float p[8];
   for (int c = 0; c < cols; ++c) {
-    const float* s = src_t + static_cast<size_t>(c) * rows;
-    float* o = out_t + static_cast<size_t>(c) * rows;
-    const float cc = by_col[c];
-    for (int r = 0; r < rows; ++r) o[r] = (s[r] / cc) / by_row[r];
+    for (int j = 0; j < 8; ++j) p[j] = acc[static_cast<size_t>(j) * cols + c];
+    mean[c] = combine8(p) / static_cast<float>(rows);
+  }
+  std::fill(acc.begin(), acc.end(), 0.0f);
+  for (int r = 0; r < rows; ++r) {
+    float* a = acc.data() + static_cast<size_t>(r & 7) * cols;
+    const float* xr = x + static_cast<size_t>(r) * cols;
+    for (int c = 0; c < cols; ++c) {
+      const float d = xr[c] - mean[c];
+      a[c] += d * d;
+    }
+  }
+  for (int c = 0; c < cols; ++c) {
+    for (int j = 0; j < 8; ++j) p[j] = acc[static_cast<size_t>(j) * cols + c];
+    out[c] = sqrt_rn(combine8(p) / static_cast<float>(rows - 1));
+  }
+}
+
+// cur = a / by_row (row-wise) and, in the same two passes, the canonical stds of cur's rows (and
+// of its columns when WITH_COLS). Row order: lane c % 8 along the row; column order: lane r % 8
+// down the column (eight accumulator rows, vectorized across columns). Same values as
+// canonical_std on each row/column.
+template <bool WITH_COLS>
+KVARN_SIMD_CLONES void divide_and_stats(const float* a, int rows, int cols, const float* by_row,
+                                        float* cur, std::vector<float>& row_std,
+                                        std::vector<float>& col_std) {
+  thread_local std::vector<float> acc, row_mean, col_mean;
+  row_mean.resize(rows);
+  if (WITH_COLS) {
+    acc.assign(static_cast<size_t>(8) * cols, 0.0f);
+    col_mean.resize(cols);
+  }
+  for (int r = 0; r < rows; ++r) {
+    const float* ar = a + static_cast<size_t>(r) * cols;
+    float* cr = cur + static_cast<size_t>(r) * cols;
+    float* accr = WITH_COLS ? acc.data() + static_cast<size_t>(r & 7) * cols : nullptr;
+    const float rr = by_row[r];
+    float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int c = 0; c < cols; c += 8) {
+      for (int j = 0; j < 8; ++j) {
+        const float v = ar[c + j] / rr;
+        cr[c + j] = v;
+        p[j] += v;
+        if (WITH_COLS) accr[c + j] += v;
+      }
+    }
+    row_mean[r] = combine8(p) / static_cast<float>(cols);
+  }
+  float q[8];
+  if (WITH_COLS) {
+    for (int c = 0; c < cols; ++c) {
+      for (int j = 0; j < 8; ++j) q[j] = acc[static_cast<size_t>(j) * cols + c];
+      col_mean[c] = combine8(q) / static_cast<float>(rows);
+    }
+    std::fill(acc.begin(), acc.end(), 0.0f);
+  }
+  for (int r = 0; r < rows; ++r) {
+    const float* cr = cur + static_cast<size_t>(r) * cols;
+    float* accr = WITH_COLS ? acc.data() + static_cast<size_t>(r & 7) * cols : nullptr;
+    const float m = row_mean[r];
+    float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int c = 0; c < cols; c += 8) {
+      for (int j = 0; j < 8; ++j) {
+        const float d = cr[c + j] - m;
+        p[j] += d * d;
+        if (WITH_COLS) {
+          const float e = cr[c + j] - col_mean[c + j];
+          accr[c + j] += e * e;
+        }
+      }
+    }
+    row_std[r] = sqrt_rn(combine8(p) / static_cast<float>(cols - 1));
+  }
+  if (WITH_COLS) {
+    for (int c = 0; c < cols; ++c) {
+      for (int j = 0; j < 8; ++j) q[j] = acc[static_cast<size_t>(j) * cols + c];
+      col_std[c] = sqrt_rn(combine8(q) / static_cast<float>(rows - 1));
+    }
   }
 }
 
 struct Workspace {
-  std::vector<float> t_t, cur, cur_t;
+  std::vector<float> a, cur;
   void resize(size_t n) {
-    if (t_t.size() < n) {
-      t_t.resize(n);
+    if (a.size() < n) {
+      a.resize(n);
       cur.resize(n);
-      cur_t.resize(n);
     }
   }
 };
@@ -61,11 +142,9 @@ struct Workspace {
 }  // namespace
 
 float imbalance(const float* x, int rows, int cols, float floor) {
-  std::vector<float> xt(static_cast<size_t>(rows) * cols), rs(rows), cs(cols);
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) xt[static_cast<size_t>(c) * rows + r] = x[r * cols + c];
+  std::vector<float> rs(rows), cs(cols);
   row_stds(x, rows, cols, rs);
-  row_stds(xt.data(), cols, rows, cs);
+  col_stds(x, rows, cols, cs);
   return ratio(cs, floor) + ratio(rs, floor);
 }
 
@@ -77,11 +156,8 @@ VarnResult variance_normalize(const float* tile, int rows, int cols, const VarnP
   thread_local Workspace ws;
   const size_t n = static_cast<size_t>(rows) * cols;
   ws.resize(n);
-  float* tt = ws.t_t.data();
+  float* a = ws.a.data();
   float* cur = ws.cur.data();
-  float* cur_t = ws.cur_t.data();
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) tt[static_cast<size_t>(c) * rows + r] = tile[r * cols + c];
 
   VarnResult res;
   std::vector<float> log_sc(cols, 0.0f), log_sr(rows, 0.0f), sc(cols, 1.0f), sr(rows, 1.0f);
@@ -89,8 +165,8 @@ VarnResult variance_normalize(const float* tile, int rows, int cols, const VarnP
   res.s_col.assign(cols, 1.0f);
   res.s_row.assign(rows, 1.0f);
 
-  row_stds(tt, cols, rows, col_std);  // columns of T
-  row_stds(tile, rows, cols, row_std);
+  std::vector<float> ones(rows, 1.0f);
+  divide_and_stats<true>(tile, rows, cols, ones.data(), cur, row_std, col_std);  // x / 1 == x
   float best = ratio(col_std, p.imbalance_floor) + ratio(row_std, p.imbalance_floor);
   res.imbalance_before = best;
 
@@ -101,17 +177,14 @@ VarnResult variance_normalize(const float* tile, int rows, int cols, const VarnP
                          p.log_min, p.log_max);
       sc[c] = portable_exp(log_sc[c]);
     }
-    rescale(tile, rows, cols, sc.data(), sr.data(), cur);
-    row_stds(cur, rows, cols, row_std);
+    divide_cols(tile, rows, cols, sc.data(), a);
+    divide_and_stats<false>(a, rows, cols, sr.data(), cur, row_std, col_std);
     for (int r = 0; r < rows; ++r) {
       log_sr[r] = clampf(log_sr[r] + portable_log(clampf(row_std[r], p.std_min, p.std_max)),
                          p.log_min, p.log_max);
       sr[r] = portable_exp(log_sr[r]);
     }
-    rescale(tile, rows, cols, sc.data(), sr.data(), cur);
-    rescale_t(tt, rows, cols, sc.data(), sr.data(), cur_t);
-    row_stds(cur, rows, cols, row_std);
-    row_stds(cur_t, cols, rows, col_std);
+    divide_and_stats<true>(a, rows, cols, sr.data(), cur, row_std, col_std);
     float imb = ratio(col_std, p.imbalance_floor) + ratio(row_std, p.imbalance_floor);
     res.trace.push_back(imb);
     if (imb <= best) {
@@ -122,7 +195,8 @@ VarnResult variance_normalize(const float* tile, int rows, int cols, const VarnP
     }
   }
   res.imbalance_after = best;
-  rescale(tile, rows, cols, res.s_col.data(), res.s_row.data(), balanced);
+  divide_cols(tile, rows, cols, res.s_col.data(), a);
+  divide_and_stats<false>(a, rows, cols, res.s_row.data(), balanced, row_std, col_std);
   return res;
 }
 

@@ -43,11 +43,18 @@ KVARN_HD double bits_double(std::uint64_t u) {
 }
 
 // Round half to even (IEEE roundToIntegralTiesToEven; torch.round semantics).
+// Below 2^23 adding and subtracting 1.5 * 2^23 rounds to an integer in the default (nearest-even)
+// mode, exactly as rint; above it every float is already an integer. Branch-free on the CPU,
+// where nearbyint would be a libm call without SSE4.1.
 KVARN_HD float round_half_even(float x) {
 #if defined(__CUDA_ARCH__)
   return rintf(x);
 #else
-  return std::nearbyint(x);
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+  const float ax = x < 0 ? -x : x;
+  if (!(ax < 8388608.0f)) return x;
+  const float r = (ax + kMagic) - kMagic;
+  return x < 0 ? -r : r;
 #endif
 }
 

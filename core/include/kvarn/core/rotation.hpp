@@ -41,6 +41,9 @@ class Rotation {
   // In place on `rows` contiguous rows of length dim: x <- x R (forward) or x <- x R^T (inverse).
   void forward(float* x, int rows) const;
   void inverse(float* x, int rows) const;
+  // Same results as forward(), on a channel-major block xt [dim, n] (column j is one vector):
+  // the butterflies then run on whole rows of n values, which vectorizes.
+  void forward_columns(float* xt, int n) const;
 
   // The dense D x D matrix R (row-major), for tests and for kernels that use a GEMM.
   std::vector<float> matrix() const;

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Configures and builds kvarn-eval into ${KVARN_BUILD_DIR:-build}. CUDA is enabled automatically
+# when nvcc exists (kernels compile without a GPU; GPU tests skip at run time).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir=${KVARN_BUILD_DIR:-build}
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DKVARN_WERROR="${KVARN_WERROR:-OFF}" ${KVARN_CMAKE_ARGS:-}
+cmake --build "$build_dir" -j "${KVARN_JOBS:-$(nproc)}"
