@@ -1,0 +1,109 @@
+// The KV tile file (HDF5, schema "kvarn-tiles" v1, docs/hdf5-schema.md): captured post-RoPE
+// keys, values (and optionally pre-RoPE keys and queries) of a few sequences, per captured layer
+// and KV head. TileWriter writes one atomically; TileReader validates one on open (attributes,
+// dataset presence, shapes, dtypes) and then streams one (sequence, layer, head) slab at a time,
+// rejecting non-finite values with the exact index.
+#ifndef KVARN_DATA_TILE_FILE_HPP_
+#define KVARN_DATA_TILE_FILE_HPP_
+
+#include <Eigen/Core>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvarn {
+
+inline constexpr const char* kTileFormat = "kvarn-tiles";
+inline constexpr int kTileFormatVersion = 1;
+
+using TileMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// Root attributes plus the `layers` dataset.
+struct TileFileInfo {
+  std::string model;
+  int num_layers = 0;    // of the model
+  int num_kv_heads = 0;  // every KV head is captured
+  int num_q_heads = 0;
+  int head_dim = 0;
+  std::optional<double> rope_theta;
+  std::string source;             // e.g. "synthetic (data/make_sample_tiles.py)"
+  std::string provenance = "{}";  // JSON text
+  std::vector<int> layers;        // model layer index of each captured layer
+  int num_captured_layers() const { return static_cast<int>(layers.size()); }
+};
+
+struct SequenceInfo {
+  std::string name;  // "000001"
+  int num_tokens = 0;
+  std::string prompt_id;
+  bool has_k_pre_rope = false;
+  bool has_q = false;
+  std::vector<int> q_heads;  // model query-head index of each captured q head
+};
+
+// One sequence to write. Arrays are C order [L_captured, H, T, D] (q: [L_captured, Hq, T, D]);
+// values are rounded to fp16 on write. Empty k_pre_rope / q = absent.
+struct SequenceData {
+  std::string prompt_id;
+  std::vector<std::int32_t> token_ids;  // [T]
+  std::vector<float> k, v, k_pre_rope, q;
+  std::vector<int> q_heads;
+};
+
+class TileReader {
+ public:
+  explicit TileReader(const std::filesystem::path& path);
+  ~TileReader();
+  TileReader(const TileReader&) = delete;
+  TileReader& operator=(const TileReader&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  const TileFileInfo& info() const { return info_; }
+  int num_sequences() const { return static_cast<int>(sequences_.size()); }
+  const SequenceInfo& sequence(int seq) const;
+  std::vector<std::int32_t> token_ids(int seq) const;
+  // One [T, D] slab of dataset "k", "v", "k_pre_rope" or "q"; `layer_index` indexes the captured
+  // layers (0..L_captured-1), `head` the KV heads (for "q": the captured q heads).
+  TileMatrix read(int seq, const std::string& dataset, int layer_index, int head) const;
+  // Reads every slab once (bounded memory), so non-finite values anywhere are reported.
+  void validate_values() const;
+
+ private:
+  struct Impl;
+  std::filesystem::path path_;
+  std::unique_ptr<Impl> impl_;
+  TileFileInfo info_;
+  std::vector<SequenceInfo> sequences_;
+};
+
+class TileWriter {
+ public:
+  // Writes to a temporary sibling of `path`; finish() moves it into place. Refuses to overwrite
+  // an existing file unless `overwrite`.
+  TileWriter(const std::filesystem::path& path, TileFileInfo info, bool overwrite = false);
+  // Without finish(), the temporary file is removed and `path` is left untouched.
+  ~TileWriter();
+  TileWriter(const TileWriter&) = delete;
+  TileWriter& operator=(const TileWriter&) = delete;
+
+  void add_sequence(const SequenceData& seq);
+  void finish();
+
+ private:
+  struct Impl;
+  std::filesystem::path path_, tmp_;
+  TileFileInfo info_;
+  bool overwrite_;
+  int num_sequences_ = 0;
+  std::unique_ptr<Impl> impl_;
+};
+
+// "000042"
+std::string sequence_name(int index);
+
+}  // namespace kvarn
+
+#endif  // KVARN_DATA_TILE_FILE_HPP_

@@ -1,0 +1,516 @@
+#include "kvarn/data/tile_file.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "kvarn/data/atomic_file.hpp"
+#include "kvarn/data/error.hpp"
+#include "kvarn/data/h5_io.hpp"
+
+namespace kvarn {
+
+namespace fs = std::filesystem;
+
+std::string sequence_name(int index) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%06d", index);
+  return buf;
+}
+
+namespace {
+
+const std::array<const char*, 4> kSlabDatasets = {"k", "v", "k_pre_rope", "q"};
+
+std::string dims_text(const std::vector<hsize_t>& dims) {
+  std::ostringstream os;
+  os << "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) os << (i ? ", " : "") << dims[i];
+  os << "]";
+  return os.str();
+}
+
+std::string type_text(const H5::DataType& t) {
+  std::ostringstream os;
+  switch (t.getClass()) {
+    case H5T_INTEGER:
+      os << 8 * t.getSize() << "-bit integer";
+      break;
+    case H5T_FLOAT:
+      os << 8 * t.getSize() << "-bit float" << (t.getSize() == 2 ? " (not IEEE half LE)" : "");
+      break;
+    case H5T_STRING:
+      os << "string";
+      break;
+    default:
+      os << "HDF5 type class " << static_cast<int>(t.getClass());
+  }
+  return os.str();
+}
+
+// Error context: "<file>: <object>".
+struct Where {
+  std::string file, object;
+  std::string str() const { return file + ": " + object; }
+};
+
+H5::Attribute open_attr(const H5::H5Object& obj, const std::string& name, const Where& w) {
+  KVARN_CHECK(obj.attrExists(name), w.str(), ": missing attribute '", name, "'");
+  return obj.openAttribute(name);
+}
+
+void check_scalar(const H5::Attribute& a, const std::string& name, const Where& w) {
+  H5::DataSpace s = a.getSpace();
+  KVARN_CHECK(s.getSimpleExtentNpoints() == 1, w.str(), ": attribute '", name,
+              "' must be a scalar, has ", s.getSimpleExtentNpoints(), " elements");
+}
+
+std::string read_string_attr(const H5::H5Object& obj, const std::string& name, const Where& w) {
+  H5::Attribute a = open_attr(obj, name, w);
+  H5::DataType t = a.getDataType();
+  KVARN_CHECK(t.getClass() == H5T_STRING, w.str(), ": attribute '", name, "' must be a string, is ",
+              type_text(t));
+  check_scalar(a, name, w);
+  std::string out;
+  a.read(a.getStrType(), out);
+  // Fixed-length strings may carry NUL padding.
+  out.erase(std::find(out.begin(), out.end(), '\0'), out.end());
+  return out;
+}
+
+long long read_int_attr(const H5::H5Object& obj, const std::string& name, const Where& w) {
+  H5::Attribute a = open_attr(obj, name, w);
+  H5::DataType t = a.getDataType();
+  KVARN_CHECK(t.getClass() == H5T_INTEGER, w.str(), ": attribute '", name,
+              "' must be an integer, is ", type_text(t));
+  check_scalar(a, name, w);
+  long long v = 0;
+  a.read(H5::PredType::NATIVE_LLONG, &v);
+  return v;
+}
+
+int read_positive_int_attr(const H5::H5Object& obj, const std::string& name, const Where& w) {
+  long long v = read_int_attr(obj, name, w);
+  KVARN_CHECK(v > 0 && v < (1 << 30), w.str(), ": attribute '", name, "' = ", v,
+              " must be positive");
+  return static_cast<int>(v);
+}
+
+std::vector<hsize_t> extent(const H5::DataSet& ds) {
+  H5::DataSpace s = ds.getSpace();
+  std::vector<hsize_t> dims(s.getSimpleExtentNdims());
+  if (!dims.empty()) s.getSimpleExtentDims(dims.data());
+  return dims;
+}
+
+std::vector<int> read_int_vector(const H5::DataSet& ds, const Where& w) {
+  H5::DataType t = ds.getDataType();
+  KVARN_CHECK(t.getClass() == H5T_INTEGER, w.str(), ": dtype is ", type_text(t),
+              ", expected int32");
+  std::vector<hsize_t> dims = extent(ds);
+  KVARN_CHECK(dims.size() == 1, w.str(), ": expected a 1-D dataset, shape is ", dims_text(dims));
+  std::vector<int> v(dims[0]);
+  if (!v.empty()) ds.read(v.data(), H5::PredType::NATIVE_INT);
+  return v;
+}
+
+void check_slab_dataset(const H5::DataSet& ds, const std::vector<hsize_t>& expect,
+                        const std::string& expect_text, const Where& w) {
+  H5::DataType t = ds.getDataType();
+  KVARN_CHECK(h5::is_f16(t), w.str(), ": dtype is ", type_text(t),
+              ", expected float16 (IEEE half, little endian)");
+  std::vector<hsize_t> dims = extent(ds);
+  KVARN_CHECK(dims == expect, w.str(), ": shape is ", dims_text(dims), ", expected ",
+              dims_text(expect), " ", expect_text);
+}
+
+void check_post_rope(const H5::DataSet& ds, int expect, const Where& w) {
+  long long v = read_int_attr(ds, "post_rope", w);
+  KVARN_CHECK(v == expect, w.str(), ": attribute 'post_rope' = ", v, ", expected ", expect);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Reader
+
+struct TileReader::Impl {
+  H5::H5File file;
+};
+
+TileReader::TileReader(const fs::path& path) : path_(path) {
+  h5::silence_errors();
+  const std::string f = path.string();
+  std::error_code ec;
+  KVARN_CHECK(fs::exists(path, ec), f, ": no such file");
+  KVARN_CHECK(fs::is_regular_file(path, ec), f, ": not a regular file");
+  const auto size = fs::file_size(path, ec);
+  KVARN_CHECK(!ec, f, ": cannot stat: ", ec.message());
+  KVARN_CHECK(size > 0, f, ": empty file (0 bytes), expected an HDF5 kvarn-tiles file");
+  {
+    // Our files (and h5py's) put the superblock at offset 0; checking the signature first gives a
+    // clearer message than HDF5's for text files and the like.
+    static const char kSig[8] = {'\211', 'H', 'D', 'F', '\r', '\n', '\032', '\n'};
+    char head[8] = {};
+    std::ifstream is(path, std::ios::binary);
+    KVARN_CHECK(is.good(), f, ": cannot open for reading");
+    is.read(head, 8);
+    KVARN_CHECK(is.gcount() == 8 && std::equal(head, head + 8, kSig), f,
+                ": not an HDF5 file (no HDF5 signature at offset 0)");
+  }
+  impl_ = std::make_unique<Impl>();
+  try {
+    impl_->file.openFile(f, H5F_ACC_RDONLY);
+  } catch (const H5::Exception& e) {
+    fail(f, ": cannot open as HDF5 (truncated or corrupt file?): ", h5::describe(e));
+  }
+  try {
+    const H5::H5File& file = impl_->file;
+    const Where root{f, "/"};
+    const std::string format = read_string_attr(file, "format", root);
+    KVARN_CHECK(format == kTileFormat, f, ": attribute 'format' is '", format, "', expected '",
+                kTileFormat, "' (not a tile file)");
+    const long long version = read_int_attr(file, "format_version", root);
+    KVARN_CHECK(version == kTileFormatVersion, f, ": unsupported format_version ", version,
+                " (this build reads version ", kTileFormatVersion, ")");
+    info_.model = read_string_attr(file, "model", root);
+    info_.num_layers = read_positive_int_attr(file, "num_layers", root);
+    info_.num_kv_heads = read_positive_int_attr(file, "num_kv_heads", root);
+    info_.num_q_heads = read_positive_int_attr(file, "num_q_heads", root);
+    info_.head_dim = read_positive_int_attr(file, "head_dim", root);
+    KVARN_CHECK(info_.num_q_heads % info_.num_kv_heads == 0, f, ": num_q_heads ", info_.num_q_heads,
+                " is not a multiple of num_kv_heads ", info_.num_kv_heads);
+    if (file.attrExists("rope_theta")) {
+      H5::Attribute a = file.openAttribute("rope_theta");
+      H5::DataType t = a.getDataType();
+      KVARN_CHECK(t.getClass() == H5T_FLOAT || t.getClass() == H5T_INTEGER, f,
+                  ": attribute 'rope_theta' must be a number, is ", type_text(t));
+      check_scalar(a, "rope_theta", root);
+      double theta = 0;
+      a.read(H5::PredType::NATIVE_DOUBLE, &theta);
+      KVARN_CHECK(std::isfinite(theta) && theta > 0, f, ": attribute 'rope_theta' = ", theta,
+                  " must be positive");
+      info_.rope_theta = theta;
+    }
+    info_.source = read_string_attr(file, "source", root);
+    info_.provenance = read_string_attr(file, "provenance", root);
+
+    KVARN_CHECK(file.nameExists("layers"), f, ": /layers: missing dataset");
+    const Where wl{f, "/layers"};
+    info_.layers = read_int_vector(file.openDataSet("layers"), wl);
+    KVARN_CHECK(!info_.layers.empty(), wl.str(), ": no captured layers");
+    std::set<int> seen;
+    for (std::size_t i = 0; i < info_.layers.size(); ++i) {
+      const int l = info_.layers[i];
+      KVARN_CHECK(l >= 0 && l < info_.num_layers, wl.str(), ": layer ", l, " at index ", i,
+                  " is outside the model's ", info_.num_layers, " layers");
+      KVARN_CHECK(seen.insert(l).second, wl.str(), ": layer ", l, " listed twice");
+    }
+
+    KVARN_CHECK(file.nameExists("sequences"), f, ": /sequences: missing group");
+    H5::Group seqs = file.openGroup("sequences");
+    std::vector<std::string> names;
+    for (hsize_t i = 0; i < seqs.getNumObjs(); ++i) names.push_back(seqs.getObjnameByIdx(i));
+    std::sort(names.begin(), names.end());
+    KVARN_CHECK(!names.empty(), f, ": /sequences: no sequences");
+    const hsize_t L = info_.layers.size(), H = info_.num_kv_heads, D = info_.head_dim;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      const std::string expect = sequence_name(static_cast<int>(i));
+      KVARN_CHECK(names[i] == expect, f, ": /sequences/", names[i],
+                  ": unexpected name (sequences must be named 000000, 000001, ... without gaps; "
+                  "expected ",
+                  expect, ")");
+      const std::string gpath = "/sequences/" + names[i];
+      const Where wg{f, gpath};
+      KVARN_CHECK(seqs.childObjType(names[i]) == H5O_TYPE_GROUP, wg.str(), ": not a group");
+      H5::Group g = seqs.openGroup(names[i]);
+      SequenceInfo si;
+      si.name = names[i];
+      si.num_tokens = read_positive_int_attr(g, "num_tokens", wg);
+      si.prompt_id = read_string_attr(g, "prompt_id", wg);
+      const hsize_t T = si.num_tokens;
+      for (const char* req : {"token_ids", "k", "v"}) {
+        KVARN_CHECK(g.nameExists(req), f, ": ", gpath, "/", req, ": missing dataset");
+      }
+      {
+        const Where w{f, gpath + "/token_ids"};
+        H5::DataSet ds = g.openDataSet("token_ids");
+        H5::DataType t = ds.getDataType();
+        KVARN_CHECK(t.getClass() == H5T_INTEGER, w.str(), ": dtype is ", type_text(t),
+                    ", expected int32");
+        std::vector<hsize_t> dims = extent(ds);
+        KVARN_CHECK(dims == std::vector<hsize_t>{T}, w.str(), ": shape is ", dims_text(dims),
+                    ", expected [", T, "] (num_tokens)");
+      }
+      const std::string kv_text = "[captured layers, num_kv_heads, num_tokens, head_dim]";
+      for (const char* name : {"k", "v", "k_pre_rope"}) {
+        if (!g.nameExists(name)) continue;
+        const Where w{f, gpath + "/" + name};
+        H5::DataSet ds = g.openDataSet(name);
+        check_slab_dataset(ds, {L, H, T, D}, kv_text, w);
+        if (std::string(name) != "v") check_post_rope(ds, std::string(name) == "k" ? 1 : 0, w);
+      }
+      si.has_k_pre_rope = g.nameExists("k_pre_rope");
+      if (g.nameExists("q")) {
+        const Where w{f, gpath + "/q"};
+        H5::DataSet ds = g.openDataSet("q");
+        KVARN_CHECK(ds.attrExists("heads"), w.str(), ": missing attribute 'heads'");
+        H5::Attribute a = ds.openAttribute("heads");
+        H5::DataType t = a.getDataType();
+        KVARN_CHECK(t.getClass() == H5T_INTEGER, w.str(), ": attribute 'heads' must be int32, is ",
+                    type_text(t));
+        const hssize_t n = a.getSpace().getSimpleExtentNpoints();
+        si.q_heads.resize(n);
+        if (n > 0) a.read(H5::PredType::NATIVE_INT, si.q_heads.data());
+        KVARN_CHECK(n > 0, w.str(), ": attribute 'heads' is empty");
+        for (std::size_t j = 0; j < si.q_heads.size(); ++j) {
+          KVARN_CHECK(si.q_heads[j] >= 0 && si.q_heads[j] < info_.num_q_heads, w.str(), ": heads[",
+                      j, "] = ", si.q_heads[j], " is outside the model's ", info_.num_q_heads,
+                      " query heads");
+        }
+        check_slab_dataset(ds, {L, static_cast<hsize_t>(n), T, D},
+                           "[captured layers, len(heads), num_tokens, head_dim]", w);
+        check_post_rope(ds, 1, w);
+        si.has_q = true;
+      }
+      sequences_.push_back(std::move(si));
+    }
+  } catch (const H5::Exception& e) {
+    fail(f, ": HDF5 error while reading the file structure: ", h5::describe(e));
+  }
+}
+
+TileReader::~TileReader() = default;
+
+const SequenceInfo& TileReader::sequence(int seq) const {
+  KVARN_CHECK(seq >= 0 && seq < num_sequences(), path_.string(), ": sequence index ", seq,
+              " out of range (", num_sequences(), " sequences)");
+  return sequences_[seq];
+}
+
+std::vector<std::int32_t> TileReader::token_ids(int seq) const {
+  const SequenceInfo& si = sequence(seq);
+  const std::string obj = "/sequences/" + si.name + "/token_ids";
+  try {
+    H5::DataSet ds = impl_->file.openDataSet(obj);
+    std::vector<std::int32_t> ids(si.num_tokens);
+    ds.read(ids.data(), H5::PredType::NATIVE_INT32);
+    return ids;
+  } catch (const H5::Exception& e) {
+    fail(path_.string(), ": ", obj, ": cannot read: ", h5::describe(e));
+  }
+}
+
+TileMatrix TileReader::read(int seq, const std::string& dataset, int layer_index, int head) const {
+  const SequenceInfo& si = sequence(seq);
+  const std::string gpath = "/sequences/" + si.name;
+  const std::string f = path_.string();
+  if (std::find_if(kSlabDatasets.begin(), kSlabDatasets.end(),
+                   [&](const char* n) { return dataset == n; }) == kSlabDatasets.end()) {
+    fail(f, ": ", gpath, ": unknown dataset '", dataset, "' (valid: k, v, k_pre_rope, q)");
+  }
+  const std::string obj = gpath + "/" + dataset;
+  KVARN_CHECK(dataset != "k_pre_rope" || si.has_k_pre_rope, f, ": ", obj,
+              ": not present in this file (optional dataset)");
+  KVARN_CHECK(dataset != "q" || si.has_q, f, ": ", obj,
+              ": not present in this file (optional dataset)");
+  const int num_layers = info_.num_captured_layers();
+  KVARN_CHECK(layer_index >= 0 && layer_index < num_layers, f, ": ", obj, ": layer index ",
+              layer_index, " out of range (", num_layers, " captured layers)");
+  const int num_heads = dataset == "q" ? static_cast<int>(si.q_heads.size()) : info_.num_kv_heads;
+  KVARN_CHECK(head >= 0 && head < num_heads, f, ": ", obj, ": head ", head, " out of range (",
+              num_heads, " heads)");
+  const int T = si.num_tokens, D = info_.head_dim;
+  std::vector<std::uint16_t> raw(static_cast<std::size_t>(T) * D);
+  try {
+    H5::DataSet ds = impl_->file.openDataSet(obj);
+    H5::DataSpace fspace = ds.getSpace();
+    const hsize_t start[4] = {static_cast<hsize_t>(layer_index), static_cast<hsize_t>(head), 0, 0};
+    const hsize_t count[4] = {1, 1, static_cast<hsize_t>(T), static_cast<hsize_t>(D)};
+    fspace.selectHyperslab(H5S_SELECT_SET, count, start);
+    const hsize_t mdims[2] = {static_cast<hsize_t>(T), static_cast<hsize_t>(D)};
+    H5::DataSpace mspace(2, mdims);
+    // Read with the file's own half type: no HDF5 conversion, we decode the bits ourselves.
+    ds.read(raw.data(), h5::f16_type(), mspace, fspace);
+  } catch (const H5::Exception& e) {
+    fail(f, ": ", obj, ": cannot read [layer ", layer_index, ", head ", head,
+         "] (truncated or corrupt file?): ", h5::describe(e));
+  }
+  TileMatrix m(T, D);
+  float* out = m.data();
+  for (std::size_t i = 0; i < raw.size(); ++i) {
+    if (!h5::half_is_finite(raw[i])) {
+      fail(f, ": ", obj, ": non-finite value (", h5::half_to_float(raw[i]), ") at [layer ",
+           layer_index, ", head ", head, ", token ", i / D, ", channel ", i % D, "]");
+    }
+    out[i] = h5::half_to_float(raw[i]);
+  }
+  return m;
+}
+
+void TileReader::validate_values() const {
+  for (int s = 0; s < num_sequences(); ++s) {
+    const SequenceInfo& si = sequences_[s];
+    for (const char* name : kSlabDatasets) {
+      const std::string n = name;
+      if ((n == "k_pre_rope" && !si.has_k_pre_rope) || (n == "q" && !si.has_q)) continue;
+      const int heads = n == "q" ? static_cast<int>(si.q_heads.size()) : info_.num_kv_heads;
+      for (int l = 0; l < info_.num_captured_layers(); ++l) {
+        for (int h = 0; h < heads; ++h) read(s, n, l, h);
+      }
+    }
+    token_ids(s);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer
+
+struct TileWriter::Impl {
+  H5::H5File file;
+  H5::Group sequences;
+};
+
+TileWriter::TileWriter(const fs::path& path, TileFileInfo info, bool overwrite)
+    : path_(path), tmp_(temp_path_for(path)), info_(std::move(info)), overwrite_(overwrite) {
+  h5::silence_errors();
+  const std::string f = path.string();
+  KVARN_CHECK(overwrite || !fs::exists(path), f, ": refusing to overwrite an existing file");
+  KVARN_CHECK(
+      info_.num_layers > 0 && info_.num_kv_heads > 0 && info_.num_q_heads > 0 && info_.head_dim > 0,
+      f, ": TileFileInfo needs positive num_layers, num_kv_heads, num_q_heads, head_dim");
+  KVARN_CHECK(!info_.layers.empty(), f, ": TileFileInfo.layers is empty");
+  for (int l : info_.layers) {
+    KVARN_CHECK(l >= 0 && l < info_.num_layers, f, ": captured layer ", l,
+                " is outside the model's ", info_.num_layers, " layers");
+  }
+  if (!path.parent_path().empty()) fs::create_directories(path.parent_path());
+  impl_ = std::make_unique<Impl>();
+  try {
+    impl_->file = H5::H5File(tmp_.string(), H5F_ACC_TRUNC);
+    H5::H5File& file = impl_->file;
+    h5::write_string_attr(file, "format", kTileFormat);
+    h5::write_int_attr(file, "format_version", kTileFormatVersion);
+    h5::write_string_attr(file, "model", info_.model);
+    h5::write_int_attr(file, "num_layers", info_.num_layers);
+    h5::write_int_attr(file, "num_kv_heads", info_.num_kv_heads);
+    h5::write_int_attr(file, "num_q_heads", info_.num_q_heads);
+    h5::write_int_attr(file, "head_dim", info_.head_dim);
+    if (info_.rope_theta) h5::write_double_attr(file, "rope_theta", *info_.rope_theta);
+    h5::write_string_attr(file, "source", info_.source);
+    h5::write_string_attr(file, "provenance", info_.provenance);
+    const hsize_t n = info_.layers.size();
+    std::vector<std::int32_t> layers(info_.layers.begin(), info_.layers.end());
+    h5::write_dataset(file, "layers", H5::PredType::STD_I32LE, H5::PredType::NATIVE_INT32, {n},
+                      layers.data());
+    impl_->sequences = file.createGroup("sequences");
+  } catch (const H5::Exception& e) {
+    impl_.reset();
+    std::error_code ec;
+    fs::remove(tmp_, ec);
+    fail(tmp_.string(), ": cannot create: ", h5::describe(e));
+  }
+}
+
+TileWriter::~TileWriter() {
+  if (!impl_) return;
+  try {
+    impl_.reset();
+  } catch (...) {  // a destructor must not throw; the file is discarded anyway
+  }
+  std::error_code ec;
+  fs::remove(tmp_, ec);
+}
+
+void TileWriter::add_sequence(const SequenceData& seq) {
+  KVARN_CHECK(impl_, path_.string(), ": add_sequence after finish");
+  const std::string name = sequence_name(num_sequences_);
+  const std::string where = path_.string() + ": /sequences/" + name;
+  const std::size_t T = seq.token_ids.size();
+  const std::size_t L = info_.layers.size(), H = info_.num_kv_heads, D = info_.head_dim;
+  KVARN_CHECK(T > 0, where, ": no tokens");
+  const std::size_t kv = L * H * T * D;
+  KVARN_CHECK(seq.k.size() == kv && seq.v.size() == kv, where, ": k/v have ", seq.k.size(), "/",
+              seq.v.size(), " values, expected L*H*T*D = ", kv);
+  KVARN_CHECK(seq.k_pre_rope.empty() || seq.k_pre_rope.size() == kv, where, ": k_pre_rope has ",
+              seq.k_pre_rope.size(), " values, expected ", kv);
+  const std::size_t hq = seq.q_heads.size();
+  KVARN_CHECK(seq.q.size() == L * hq * T * D, where, ": q has ", seq.q.size(),
+              " values, expected L*len(q_heads)*T*D = ", L * hq * T * D);
+  for (int h : seq.q_heads) {
+    KVARN_CHECK(h >= 0 && h < info_.num_q_heads, where, ": q head ", h, " out of range");
+  }
+  try {
+    H5::Group g = impl_->sequences.createGroup(name);
+    h5::write_int_attr(g, "num_tokens", static_cast<long long>(T));
+    h5::write_string_attr(g, "prompt_id", seq.prompt_id);
+    h5::write_dataset(g, "token_ids", H5::PredType::STD_I32LE, H5::PredType::NATIVE_INT32, {T},
+                      seq.token_ids.data());
+    auto write_slab = [&](const char* ds_name, const std::vector<float>& x, hsize_t heads,
+                          int post_rope) {
+      std::vector<std::uint16_t> half(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        half[i] = h5::float_to_half(x[i]);
+        if (!h5::half_is_finite(half[i])) {
+          const std::size_t per_head = T * D, per_layer = heads * per_head;
+          fail(where, "/", ds_name, ": non-finite value (", x[i],
+               ", or beyond fp16 range) at [layer ", i / per_layer, ", head ",
+               (i % per_layer) / per_head, ", token ", (i % per_head) / D, ", channel ", i % D,
+               "]");
+        }
+      }
+      H5::DataSet ds =
+          h5::write_dataset(g, ds_name, h5::f16_type(), h5::f16_type(), {L, heads, T, D},
+                            half.data(), {1, 1, std::min<hsize_t>(T, 256), D});
+      if (post_rope >= 0) h5::write_int_attr(ds, "post_rope", post_rope);
+      return ds;
+    };
+    write_slab("k", seq.k, H, 1);
+    write_slab("v", seq.v, H, -1);
+    if (!seq.k_pre_rope.empty()) write_slab("k_pre_rope", seq.k_pre_rope, H, 0);
+    if (hq > 0) {
+      H5::DataSet q = write_slab("q", seq.q, hq, 1);
+      h5::write_ints_attr(q, "heads", seq.q_heads);
+    }
+  } catch (const H5::Exception& e) {
+    fail(where, ": cannot write: ", h5::describe(e));
+  }
+  ++num_sequences_;
+}
+
+void TileWriter::finish() {
+  KVARN_CHECK(impl_, path_.string(), ": finish called twice");
+  const std::string f = path_.string();
+  KVARN_CHECK(num_sequences_ > 0, f, ": a tile file needs at least one sequence");
+  try {
+    impl_->sequences.close();
+    impl_->file.close();
+  } catch (const H5::Exception& e) {
+    fail(tmp_.string(), ": cannot close: ", h5::describe(e));
+  }
+  impl_.reset();
+  std::error_code ec;
+  if (!overwrite_ && fs::exists(path_)) {
+    fs::remove(tmp_, ec);
+    fail(f, ": refusing to overwrite an existing file");
+  }
+  int fd = ::open(tmp_.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+  fs::rename(tmp_, path_, ec);
+  if (ec) {
+    fs::remove(tmp_, ec);
+    fail(f, ": cannot move the finished file into place: ", ec.message());
+  }
+}
+
+}  // namespace kvarn
