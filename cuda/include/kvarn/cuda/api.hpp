@@ -1,0 +1,75 @@
+// Host API of kvarn_cuda (plain C++, usable from .cpp files).
+//
+// All pointers are device pointers; fp16 tensors are passed as raw uint16 bits. Layouts are
+// documented in store.cuh and decode.cuh. Every call is asynchronous on `stream`; errors in
+// arguments throw kvarn::Error, CUDA errors abort through KVARN_CUDA_CHECK.
+#ifndef KVARN_CUDA_API_HPP_
+#define KVARN_CUDA_API_HPP_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvarn/core/kvarn.hpp"
+#include "kvarn/cuda/error.hpp"
+
+namespace kvarn::cuda {
+
+// Number of CUDA devices (0 when the runtime or driver is missing); never aborts.
+int device_count();
+
+// ---- KVarN store: quantize full tiles into records ----
+struct StoreTiles {
+  const std::uint16_t* k = nullptr;  // fp16 rows, see store.cuh for the strides
+  const std::uint16_t* v = nullptr;
+  int num_tiles = 0;   // blocks * num_heads
+  int num_heads = 1;
+  long long block_stride = 0, head_stride = 0, row_stride = 0;  // in elements
+  const int* dst_block = nullptr;  // [num_tiles / num_heads] cache block per input block
+  std::uint8_t* records = nullptr;  // [num_blocks, num_heads, record_bytes]
+};
+// Throws unless the config is supported on the GPU (Hadamard power-of-two or no rotation,
+// D in {64, 128}, G in {32, 64, 128, 256}, quantile 0).
+void kvarn_store(const KvarnConfig& cfg, int head_dim, const StoreTiles& tiles,
+                 cudaStream_t stream = nullptr);
+
+// ---- fp16 append of new tokens (rotated) into the sink/tail pool ----
+void kvarn_append(const KvarnConfig& cfg, int head_dim, int num_tokens, int num_heads,
+                  const std::uint16_t* k, const std::uint16_t* v, const long long* pool_pos,
+                  std::uint16_t* k_pool, std::uint16_t* v_pool, cudaStream_t stream = nullptr);
+
+// ---- paged decode attention ----
+enum class DecodeFormat { kKvarn, kFp16, kFp8 };
+
+struct DecodeProblem {
+  DecodeFormat format = DecodeFormat::kKvarn;
+  int batch = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
+  int block_size = 128;  // KVarN: cfg.group; FP16/FP8: page size
+  int max_blocks = 0;    // block_table row length
+  float softmax_scale = 0.0f;  // 0: 1/sqrt(head_dim)
+  int num_splits = 0;          // 0: automatic
+  KvarnConfig kvarn;           // KVarN only (bits, group, rotation, scales)
+};
+
+struct DecodeBuffers {
+  const std::uint16_t* q = nullptr;  // [batch, Hq, D] fp16
+  std::uint16_t* out = nullptr;      // [batch, Hq, D] fp16
+  const int* block_table = nullptr;  // [batch, max_blocks]
+  const int* seq_lens = nullptr;     // [batch]
+  const std::uint8_t* records = nullptr;  // KVarN
+  const int* block_to_slot = nullptr;     // KVarN [num_blocks], -1: record
+  const void* k_pool = nullptr;           // KVarN pool / FP16 / FP8 pages
+  const void* v_pool = nullptr;
+  const float* k_scale = nullptr;  // FP8 [Hkv]
+  const float* v_scale = nullptr;
+  void* workspace = nullptr;
+};
+
+int decode_num_splits(const DecodeProblem& p);
+std::size_t decode_workspace_bytes(const DecodeProblem& p);
+void paged_decode(const DecodeProblem& p, const DecodeBuffers& buf, cudaStream_t stream = nullptr);
+
+}  // namespace kvarn::cuda
+
+#endif  // KVARN_CUDA_API_HPP_

@@ -1,0 +1,99 @@
+// KVarN store and append launchers. Compiled with --fmad=false (bit-identity with the CPU).
+#include <cmath>
+
+#include "kvarn/core/kvarn.hpp"
+#include "kvarn/core/rotation.hpp"
+#include "kvarn/cuda/api.hpp"
+#include "kvarn/cuda/store.cuh"
+#include "kvarn/data/error.hpp"
+
+namespace kvarn::cuda {
+
+namespace {
+float hadamard_scale(int d) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(d))); }
+
+void check_config(const KvarnConfig& cfg, int head_dim) {
+  KVARN_CHECK(cfg.rotation == RotationKind::kHadamard || cfg.rotation == RotationKind::kNone,
+              "kvarn_cuda: rotation ", to_string(cfg.rotation), " not supported on the GPU");
+  KVARN_CHECK(head_dim == 64 || head_dim == 128, "kvarn_cuda: head_dim ", head_dim,
+              " not supported (64, 128)");
+  KVARN_CHECK(cfg.rtn_quantile == 0.0f, "kvarn_cuda: RTN quantile must be 0 on the GPU");
+  KVARN_CHECK(cfg.key_bits >= 1 && cfg.key_bits <= 8 && cfg.value_bits >= 1 &&
+                  cfg.value_bits <= 8,
+              "kvarn_cuda: bits must be 1..8");
+}
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+void kvarn_store(const KvarnConfig& cfg, int head_dim, const StoreTiles& t, cudaStream_t stream) {
+  check_config(cfg, head_dim);
+  if (t.num_tiles == 0) return;
+  const KvarnRecordLayout lay = kvarn_record_layout(head_dim, cfg);
+  StoreArgs a{};
+  a.k = t.k;
+  a.v = t.v;
+  a.block_stride = t.block_stride;
+  a.head_stride = t.head_stride;
+  a.row_stride = t.row_stride;
+  a.num_heads = t.num_heads;
+  a.dst_block = t.dst_block;
+  a.records = t.records;
+  a.record_bytes = static_cast<long long>(lay.aligned);
+  a.key_bits = cfg.key_bits;
+  a.value_bits = cfg.value_bits;
+  a.fp8_scales = cfg.scales == ScaleStorage::kFp8E4M3 ? 1 : 0;
+  a.hadamard = cfg.rotation == RotationKind::kHadamard ? 1 : 0;
+  a.rot_scale = hadamard_scale(head_dim);
+  a.iters = cfg.varn.iters;
+  a.std_min = cfg.varn.std_min;
+  a.std_max = cfg.varn.std_max;
+  a.log_min = cfg.varn.log_min;
+  a.log_max = cfg.varn.log_max;
+  a.floor = cfg.varn.imbalance_floor;
+  a.k_codes = static_cast<int>(lay.k_codes);
+  a.s_col_k = static_cast<int>(lay.s_col_k);
+  a.zp_k = static_cast<int>(lay.zp_k);
+  a.s_row_k = static_cast<int>(lay.s_row_k);
+  a.v_codes = static_cast<int>(lay.v_codes);
+  a.s_col_v = static_cast<int>(lay.s_col_v);
+  a.s_row_v = static_cast<int>(lay.s_row_v);
+  a.zp_v = static_cast<int>(lay.zp_v);
+  a.end = static_cast<int>(lay.end);
+  DISPATCH_HEAD_DIM(head_dim, kD, {
+    DISPATCH_GROUP_STORE(cfg.group, kG, {
+      const int smem = store_smem_floats<kD, kG>() * 4;
+      auto kernel = kvarn_store_kernel<kD, kG>;
+      KVARN_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      kernel<<<dim3(t.num_tiles, 2), kStoreThreads, smem, stream>>>(a);
+      KVARN_CUDA_CHECK_LAUNCH();
+    })
+  })
+}
+
+void kvarn_append(const KvarnConfig& cfg, int head_dim, int num_tokens, int num_heads,
+                  const std::uint16_t* k, const std::uint16_t* v, const long long* pool_pos,
+                  std::uint16_t* k_pool, std::uint16_t* v_pool, cudaStream_t stream) {
+  check_config(cfg, head_dim);
+  if (num_tokens == 0) return;
+  AppendArgs a{k, v, pool_pos, k_pool, v_pool, num_heads, cfg.group,
+               cfg.rotation == RotationKind::kHadamard ? 1 : 0, hadamard_scale(head_dim)};
+  DISPATCH_HEAD_DIM(head_dim, kD, {
+    const int smem = 2 * num_heads * kD * 4;
+    auto kernel = kvarn_append_kernel<kD>;
+    KVARN_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    kernel<<<num_tokens, 128, smem, stream>>>(a);
+    KVARN_CUDA_CHECK_LAUNCH();
+  })
+}
+
+}  // namespace kvarn::cuda

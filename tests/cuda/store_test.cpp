@@ -1,0 +1,153 @@
+// The GPU store kernel must produce exactly the bytes of kvarn_encode_record.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.hpp"
+#include "kvarn/core/kvarn.hpp"
+#include "kvarn/core/portable_math.hpp"
+#include "kvarn/core/rng.hpp"
+
+namespace kvarn {
+namespace {
+
+// Real-like rows: per-channel scales spanning 3 decades, a few outlier channels, fp16 values.
+std::vector<std::uint16_t> make_rows(Rng& rng, std::size_t tokens, int heads, int d, bool spiky) {
+  std::vector<float> chan(static_cast<std::size_t>(heads) * d);
+  for (auto& c : chan) c = spiky ? static_cast<float>(std::exp(2.0 * rng.normal())) : 1.0f;
+  std::vector<std::uint16_t> out(tokens * heads * d);
+  for (std::size_t t = 0; t < tokens; ++t)
+    for (std::size_t i = 0; i < chan.size(); ++i)
+      out[t * chan.size() + i] = float_to_half_bits(static_cast<float>(rng.normal()) * chan[i] +
+                                                    (spiky ? 0.3f * chan[i] : 0.0f));
+  return out;
+}
+
+struct StoreCase {
+  int kb, vb, g, d;
+  bool fp8 = false;
+  RotationKind rot = RotationKind::kHadamard;
+  int iters = 8;
+};
+
+std::string case_name(const StoreCase& c) {
+  std::ostringstream o;
+  o << "k" << c.kb << "v" << c.vb << "_g" << c.g << "_d" << c.d << (c.fp8 ? "_fp8" : "")
+    << (c.rot == RotationKind::kNone ? "_norot" : "") << "_it" << c.iters;
+  return o.str();
+}
+
+class StoreBitIdentity : public ::testing::TestWithParam<StoreCase> {};
+
+TEST_P(StoreBitIdentity, RecordBytesMatchCpu) {
+  KVARN_REQUIRE_GPU();
+  const StoreCase c = GetParam();
+  KvarnConfig cfg;
+  cfg.key_bits = c.kb;
+  cfg.value_bits = c.vb;
+  cfg.group = c.g;
+  cfg.rotation = c.rot;
+  cfg.varn.iters = c.iters;
+  cfg.scales = c.fp8 ? ScaleStorage::kFp8E4M3 : ScaleStorage::kFp16;
+  const int d = c.d, g = c.g, heads = 2, blocks = 3;
+  const KvarnRecordLayout lay = kvarn_record_layout(d, cfg);
+  Rng rng(1234 + c.kb * 100 + c.vb * 10 + g + d);
+  // input layout [blocks, G, heads, D]
+  auto k = make_rows(rng, static_cast<std::size_t>(blocks) * g, heads, d, true);
+  auto v = make_rows(rng, static_cast<std::size_t>(blocks) * g, heads, d, false);
+  DeviceBuffer<std::uint16_t> dk(k), dv(v);
+  DeviceBuffer<std::uint8_t> rec(static_cast<std::size_t>(blocks) * heads * lay.aligned);
+  rec.fill_bytes(0xA5);  // poison: every byte must be written
+  cuda::StoreTiles t;
+  t.k = dk.get();
+  t.v = dv.get();
+  t.num_tiles = blocks * heads;
+  t.num_heads = heads;
+  t.row_stride = static_cast<long long>(heads) * d;
+  t.head_stride = d;
+  t.block_stride = static_cast<long long>(g) * heads * d;
+  t.records = rec.get();
+  cuda::kvarn_store(cfg, d, t);
+  KVARN_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto got = rec.download();
+  const Rotation rot(cfg.rotation, d, 0);
+  std::size_t bad_tiles = 0, bad_bytes = 0;
+  for (int bl = 0; bl < blocks; ++bl) {
+    for (int h = 0; h < heads; ++h) {
+      std::vector<float> kr(static_cast<std::size_t>(g) * d), vr(kr.size());
+      for (int r = 0; r < g; ++r)
+        for (int x = 0; x < d; ++x) {
+          const std::size_t src = ((static_cast<std::size_t>(bl) * g + r) * heads + h) * d + x;
+          kr[static_cast<std::size_t>(r) * d + x] = half_bits_to_float(k[src]);
+          vr[static_cast<std::size_t>(r) * d + x] = half_bits_to_float(v[src]);
+        }
+      const auto want = kvarn_encode_record(cfg, rot, kr.data(), vr.data());
+      const std::uint8_t* g0 = got.data() + (static_cast<std::size_t>(bl) * heads + h) * lay.aligned;
+      std::size_t diff = 0;
+      for (std::size_t i = 0; i < lay.aligned; ++i) diff += g0[i] != want[i];
+      bad_bytes += diff;
+      bad_tiles += diff != 0;
+    }
+  }
+  EXPECT_EQ(bad_tiles, 0u) << case_name(c) << ": " << bad_bytes << " differing bytes of "
+                           << got.size();
+}
+
+std::vector<StoreCase> store_cases() {
+  std::vector<StoreCase> v;
+  for (auto [kb, vb] : std::vector<std::pair<int, int>>{{4, 2}, {4, 4}, {2, 2}, {8, 8}, {3, 2}})
+    for (int g : {32, 64, 128, 256})
+      for (int d : {64, 128}) v.push_back({kb, vb, g, d});
+  v.push_back({4, 2, 128, 128, true});
+  v.push_back({4, 2, 128, 128, false, RotationKind::kNone});
+  v.push_back({1, 5, 64, 128});
+  v.push_back({4, 2, 128, 128, false, RotationKind::kHadamard, 0});
+  v.push_back({4, 2, 128, 128, false, RotationKind::kHadamard, 20});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, StoreBitIdentity, ::testing::ValuesIn(store_cases()),
+                         [](const auto& info) { return case_name(info.param); });
+
+TEST(CudaAppend, RotatedFp16RowsMatchCpu) {
+  KVARN_REQUIRE_GPU();
+  KvarnConfig cfg;
+  const int d = 128, heads = 4, n = 37, g = cfg.group, slots = 3;
+  Rng rng(77);
+  auto k = make_rows(rng, n, heads, d, true);
+  auto v = make_rows(rng, n, heads, d, false);
+  std::vector<long long> pos(n);
+  for (int i = 0; i < n; ++i) pos[i] = (i * 7919LL) % (static_cast<long long>(slots) * g);
+  DeviceBuffer<std::uint16_t> dk(k), dv(v);
+  DeviceBuffer<long long> dpos(pos);
+  const std::size_t pool_elems = static_cast<std::size_t>(slots) * heads * g * d;
+  DeviceBuffer<std::uint16_t> kp(pool_elems), vp(pool_elems);
+  kp.fill_bytes(0xFF);
+  vp.fill_bytes(0xFF);
+  cuda::kvarn_append(cfg, d, n, heads, dk.get(), dv.get(), dpos.get(), kp.get(), vp.get());
+  KVARN_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto hk = kp.download(), hv = vp.download();
+  const Rotation rot(RotationKind::kHadamard, d);
+  std::size_t bad = 0;
+  for (int i = 0; i < n; ++i)
+    for (int h = 0; h < heads; ++h)
+      for (int s = 0; s < 2; ++s) {
+        std::vector<float> row(d);
+        const auto& src = s == 0 ? k : v;
+        for (int x = 0; x < d; ++x)
+          row[x] = half_bits_to_float(src[(static_cast<std::size_t>(i) * heads + h) * d + x]);
+        rot.forward(row.data(), 1);
+        const long long slot = pos[i] / g, off = pos[i] % g;
+        const auto& pool = s == 0 ? hk : hv;
+        for (int x = 0; x < d; ++x)
+          bad += pool[((slot * heads + h) * g + off) * d + x] != float_to_half_bits(row[x]);
+      }
+  EXPECT_EQ(bad, 0u);
+}
+
+}  // namespace
+}  // namespace kvarn
