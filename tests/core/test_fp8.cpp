@@ -6,17 +6,12 @@
 #include "kvarn/core/registry.hpp"
 #include "kvarn/core/rng.hpp"
 #include "kvarn/data/error.hpp"
+#include "test_util.hpp"
 
 namespace kvarn {
 namespace {
 
-Matrix random_matrix(std::uint64_t seed, int rows, int cols, double sigma = 1.0) {
-  Rng rng(seed);
-  Matrix m(rows, cols);
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) m(r, c) = static_cast<float>(sigma * rng.normal());
-  return m;
-}
+using testing::random_matrix;
 
 bool all_finite(const Matrix& m) { return m.allFinite(); }
 

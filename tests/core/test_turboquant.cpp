@@ -13,21 +13,13 @@
 #include "kvarn/core/rotation.hpp"
 #include "kvarn/core/turboquant.hpp"
 #include "kvarn/data/error.hpp"
+#include "test_util.hpp"
 
 namespace kvarn {
 namespace {
 
-Matrix random_matrix(std::uint64_t seed, int rows, int cols, double sigma = 1.0) {
-  Rng rng(seed);
-  Matrix m(rows, cols);
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) m(r, c) = static_cast<float>(sigma * rng.normal());
-  return m;
-}
-
-float half_at(const Field& f, std::size_t i) {
-  return half_bits_to_float(static_cast<std::uint16_t>(f.bytes[2 * i] | (f.bytes[2 * i + 1] << 8)));
-}
+using testing::random_matrix;
+using testing::half_at;
 
 struct SlotCase {
   const char* name;

@@ -1,7 +1,7 @@
-// Helpers shared by the core tests: deterministic random tiles that look like real KV
+// Helpers shared by all test areas: deterministic random tiles that look like real KV
 // (per-channel offsets/outliers for keys, a heavy first token), never all zeros.
-#ifndef KVARN_TESTS_CORE_TEST_UTIL_HPP_
-#define KVARN_TESTS_CORE_TEST_UTIL_HPP_
+#ifndef KVARN_TESTS_TEST_UTIL_HPP_
+#define KVARN_TESTS_TEST_UTIL_HPP_
 
 #include <vector>
 
@@ -34,6 +34,29 @@ inline Matrix random_kv(int rows, int cols, std::uint64_t seed, bool outliers = 
   return m;
 }
 
+// [rows, cols] i.i.d. N(0, sigma^2) values (not fp16-rounded).
+inline Matrix random_matrix(std::uint64_t seed, int rows, int cols, double sigma = 1.0) {
+  Rng rng(seed);
+  Matrix m(rows, cols);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) m(r, c) = static_cast<float>(sigma * rng.normal());
+  return m;
+}
+
+// Element i of a little-endian f16 field.
+inline float half_at(const Field& f, std::size_t i) {
+  return half_bits_to_float(static_cast<std::uint16_t>(f.bytes[2 * i] | (f.bytes[2 * i + 1] << 8)));
+}
+
+// x plus Gaussian noise of standard deviation sigma (float).
+inline Matrix add_noise(const Matrix& x, double sigma, std::uint64_t seed) {
+  Rng rng(seed);
+  Matrix y = x;
+  for (Eigen::Index i = 0; i < y.size(); ++i)
+    y.data()[i] = static_cast<float>(y.data()[i] + sigma * rng.normal());
+  return y;
+}
+
 inline double nmse(const Matrix& x, const Matrix& y) {
   double num = 0, den = 0;
   for (int i = 0; i < x.size(); ++i) {
@@ -46,4 +69,4 @@ inline double nmse(const Matrix& x, const Matrix& y) {
 
 }  // namespace kvarn::testing
 
-#endif  // KVARN_TESTS_CORE_TEST_UTIL_HPP_
+#endif  // KVARN_TESTS_TEST_UTIL_HPP_

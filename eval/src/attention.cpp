@@ -1,0 +1,456 @@
+#include "kvarn/eval/attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "kvarn/data/error.hpp"
+#include "kvarn/eval/metrics.hpp"
+
+namespace kvarn {
+namespace {
+
+// ln 2 as log1p(1), so that ln2() - softplus(0) is exactly 0.
+double ln2() {
+  static const double v = std::log1p(1.0);
+  return v;
+}
+
+double softplus(double x) { return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x)); }
+
+double log_sum_exp(const double* s, int n) {
+  double mx = s[0];
+  for (int j = 1; j < n; ++j) mx = std::max(mx, s[j]);
+  double sum = 0;
+  for (int j = 0; j < n; ++j) sum += std::exp(s[j] - mx);
+  return mx + std::log(sum);
+}
+
+struct RowStats {
+  double mae = 0, rmse = 0, kl = 0, js = 0;
+};
+
+// Softmax of both rows into p, ph (length n) and the logit / distribution metrics of the row.
+// KL and JS use log-probabilities (s - lse), so no log(0) ever occurs; rounding can leave them
+// a hair below 0 (KL) or above ln 2 (JS), which is clamped.
+RowStats row_stats(const double* s, const double* sh, int n, double* p, double* ph, bool want_js) {
+  RowStats r;
+  const double lse = log_sum_exp(s, n), lseh = log_sum_exp(sh, n);
+  double kl = 0, abs_sum = 0, sq_sum = 0;
+  for (int j = 0; j < n; ++j) {
+    const double ls = s[j] - lse, lsh = sh[j] - lseh;
+    p[j] = std::exp(ls);
+    ph[j] = std::exp(lsh);
+    kl += p[j] * (ls - lsh);
+    const double d = sh[j] - s[j];
+    abs_sum += std::fabs(d);
+    sq_sum += d * d;
+  }
+  r.kl = std::max(0.0, kl);
+  r.mae = abs_sum / n;
+  r.rmse = std::sqrt(sq_sum / n);
+  if (want_js) {
+    // With d = lsh - ls: log(p / m) = ln2 - softplus(d), log(p̂ / m) = ln2 - softplus(-d), m the
+    // mixture. Exact 0 for identical rows (no exp/log round trip), no log(0) when p underflows.
+    double js = 0;
+    for (int j = 0; j < n; ++j) {
+      const double dlt = (sh[j] - lseh) - (s[j] - lse);
+      js += p[j] * (ln2() - softplus(dlt)) + ph[j] * (ln2() - softplus(-dlt));
+    }
+    r.js = std::clamp(0.5 * js, 0.0, ln2());
+  }
+  return r;
+}
+
+// First m indices of s ordered by (value desc, index asc), into idx[0..m).
+void top_indices(const double* s, int n, int m, std::vector<int>& idx) {
+  idx.resize(n);
+  std::iota(idx.begin(), idx.end(), 0);
+  auto larger = [s](int a, int b) { return s[a] != s[b] ? s[a] > s[b] : a < b; };
+  if (m < n) std::nth_element(idx.begin(), idx.begin() + (m - 1), idx.end(), larger);
+  std::sort(idx.begin(), idx.begin() + std::min(m, n), larger);
+}
+
+double overlap_of_prefix(const std::vector<int>& a, const std::vector<int>& b, int k) {
+  int common = 0;
+  for (int i = 0; i < k; ++i)
+    for (int j = 0; j < k; ++j)
+      if (a[i] == b[j]) {
+        ++common;
+        break;
+      }
+  return static_cast<double>(common) / k;
+}
+
+MatrixD to_double(const Matrix& m) { return m.cast<double>(); }
+
+// Per-position metrics of one query head against its KV head. full = false: KL only.
+void run_head(const MatrixD& q, const MatrixD& k, const MatrixD& v, const MatrixD& kh,
+              const MatrixD& vh, int q_first, const AttentionOptions& opts, bool full,
+              PositionMetrics* pm) {
+  const int tq = static_cast<int>(q.rows()), d = static_cast<int>(q.cols());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const int nk = static_cast<int>(opts.topk.size());
+  const int max_k = nk ? *std::max_element(opts.topk.begin(), opts.topk.end()) : 0;
+  pm->kl.assign(tq, 0);
+  if (full) {
+    pm->logit_mae.assign(tq, 0);
+    pm->logit_rmse.assign(tq, 0);
+    pm->js.assign(tq, 0);
+    pm->output_nmse.assign(tq, 0);
+    pm->topk_overlap.assign(nk, std::vector<double>(tq, 0));
+  }
+  const int block = std::max(1, opts.block);
+  MatrixD s, sh, p, ph, o, oh;
+  std::vector<int> ia, ib;
+  for (int i0 = 0; i0 < tq; i0 += block) {
+    const int b = std::min(block, tq - i0);
+    const int n = q_first + i0 + b;  // keys visible to the last row of the block
+    s.noalias() = (q.middleRows(i0, b) * k.topRows(n).transpose()) * scale;
+    sh.noalias() = (q.middleRows(i0, b) * kh.topRows(n).transpose()) * scale;
+    p.setZero(b, n);
+    ph.setZero(b, n);
+    for (int r = 0; r < b; ++r) {
+      const int i = i0 + r, ni = q_first + i + 1;  // causal: keys 0..position
+      const RowStats st =
+          row_stats(s.row(r).data(), sh.row(r).data(), ni, p.row(r).data(), ph.row(r).data(), full);
+      pm->kl[i] = st.kl;
+      if (!full) continue;
+      pm->logit_mae[i] = st.mae;
+      pm->logit_rmse[i] = st.rmse;
+      pm->js[i] = st.js;
+      if (max_k > 0) {
+        top_indices(s.row(r).data(), ni, max_k, ia);
+        top_indices(sh.row(r).data(), ni, max_k, ib);
+        for (int t = 0; t < nk; ++t) {
+          const int kk = opts.topk[t];
+          pm->topk_overlap[t][i] = ni <= kk ? 1.0 : overlap_of_prefix(ia, ib, kk);
+        }
+      }
+    }
+    if (!full) continue;
+    o.noalias() = p * v.topRows(n);
+    oh.noalias() = ph * vh.topRows(n);
+    for (int r = 0; r < b; ++r) {
+      pm->output_nmse[i0 + r] =
+          safe_nmse((oh.row(r) - o.row(r)).squaredNorm(), o.row(r).squaredNorm());
+    }
+  }
+}
+
+// Adds rows [a, b) of pm to the summary (as sums; finish() turns them into means).
+void accumulate(const PositionMetrics& pm, int a, int b, AttentionSummary* s) {
+  if (s->topk_overlap.size() != pm.topk_overlap.size())
+    s->topk_overlap.assign(pm.topk_overlap.size(), 0);
+  for (int i = a; i < b; ++i) {
+    s->logit_mae += pm.logit_mae[i];
+    s->logit_rmse += pm.logit_rmse[i];
+    s->kl += pm.kl[i];
+    s->kl_max = std::max(s->kl_max, pm.kl[i]);
+    s->js += pm.js[i];
+    s->output_nmse += pm.output_nmse[i];
+    for (std::size_t t = 0; t < pm.topk_overlap.size(); ++t)
+      s->topk_overlap[t] += pm.topk_overlap[t][i];
+  }
+  s->count += std::max(0, b - a);
+}
+
+void merge_sums(const AttentionSummary& from, AttentionSummary* to) {
+  if (to->topk_overlap.size() != from.topk_overlap.size())
+    to->topk_overlap.assign(from.topk_overlap.size(), 0);
+  to->count += from.count;
+  to->logit_mae += from.logit_mae;
+  to->logit_rmse += from.logit_rmse;
+  to->kl += from.kl;
+  to->kl_max = std::max(to->kl_max, from.kl_max);
+  to->js += from.js;
+  to->output_nmse += from.output_nmse;
+  for (std::size_t t = 0; t < from.topk_overlap.size(); ++t)
+    to->topk_overlap[t] += from.topk_overlap[t];
+}
+
+void finish(AttentionSummary* s) {
+  if (s->count == 0) return;
+  const double n = static_cast<double>(s->count);
+  s->logit_mae /= n;
+  s->logit_rmse /= n;
+  s->kl /= n;
+  s->js /= n;
+  s->output_nmse /= n;
+  for (double& x : s->topk_overlap) x /= n;
+}
+
+std::vector<int> default_edges(int tokens) {
+  std::vector<int> e = {0};
+  for (long long x = 1; x < tokens; x *= 2) e.push_back(static_cast<int>(x));
+  e.push_back(std::max(tokens, 1));
+  // The last edge must exceed the last position (tokens - 1).
+  if (e.size() >= 2 && e[e.size() - 2] == e.back()) e.pop_back();
+  return e;
+}
+
+}  // namespace
+
+double kl_from_logits(std::span<const double> s, std::span<const double> s_hat) {
+  KVARN_CHECK(s.size() == s_hat.size() && !s.empty(), "kl_from_logits: sizes ", s.size(), " and ",
+              s_hat.size());
+  std::vector<double> p(s.size()), ph(s.size());
+  return row_stats(s.data(), s_hat.data(), static_cast<int>(s.size()), p.data(), ph.data(), false)
+      .kl;
+}
+
+double js_from_logits(std::span<const double> s, std::span<const double> s_hat) {
+  KVARN_CHECK(s.size() == s_hat.size() && !s.empty(), "js_from_logits: sizes ", s.size(), " and ",
+              s_hat.size());
+  std::vector<double> p(s.size()), ph(s.size());
+  return row_stats(s.data(), s_hat.data(), static_cast<int>(s.size()), p.data(), ph.data(), true)
+      .js;
+}
+
+double topk_overlap(std::span<const double> s, std::span<const double> s_hat, int k) {
+  KVARN_CHECK(s.size() == s_hat.size() && k > 0, "topk_overlap: sizes ", s.size(), " and ",
+              s_hat.size(), ", k = ", k);
+  const int n = static_cast<int>(s.size());
+  if (n <= k) return 1.0;
+  std::vector<int> a, b;
+  top_indices(s.data(), n, k, a);
+  top_indices(s_hat.data(), n, k, b);
+  return overlap_of_prefix(a, b, k);
+}
+
+MatrixD reference_attention(const Matrix& q, const Matrix& k, const Matrix& v, int q_first) {
+  const int tq = static_cast<int>(q.rows()), t = static_cast<int>(k.rows());
+  if (q_first < 0) q_first = t - tq;
+  KVARN_CHECK(q.cols() == k.cols() && k.rows() == v.rows() && q_first >= 0 && q_first + tq <= t,
+              "reference_attention: q ", q.rows(), "x", q.cols(), ", k ", k.rows(), "x", k.cols(),
+              ", v ", v.rows(), "x", v.cols(), ", q_first ", q_first);
+  const MatrixD qd = to_double(q), kd = to_double(k), vd = to_double(v);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.cols()));
+  MatrixD out(tq, v.cols());
+  std::vector<double> row;
+  for (int i = 0; i < tq; ++i) {
+    const int n = q_first + i + 1;
+    row.resize(n);
+    for (int j = 0; j < n; ++j) row[j] = qd.row(i).dot(kd.row(j)) * scale;
+    const double lse = log_sum_exp(row.data(), n);
+    out.row(i).setZero();
+    for (int j = 0; j < n; ++j) out.row(i) += std::exp(row[j] - lse) * vd.row(j);
+  }
+  return out;
+}
+
+AttentionReport attention_metrics(const std::vector<Matrix>& q, const std::vector<Matrix>& k,
+                                  const std::vector<Matrix>& v, const std::vector<Matrix>& k_hat,
+                                  const std::vector<Matrix>& v_hat, const AttentionOptions& opts,
+                                  const std::vector<std::vector<std::uint8_t>>* k_quantized) {
+  const int hq = static_cast<int>(q.size()), hkv = static_cast<int>(k.size());
+  KVARN_CHECK(hq > 0 && hkv > 0 && hq % hkv == 0, "attention_metrics: ", hq,
+              " query heads are not a multiple of ", hkv, " KV heads");
+  KVARN_CHECK(v.size() == k.size() && k_hat.size() == k.size() && v_hat.size() == k.size(),
+              "attention_metrics: K, V, K̂, V̂ head counts ", k.size(), ", ", v.size(), ", ",
+              k_hat.size(), ", ", v_hat.size());
+  const int t = static_cast<int>(k[0].rows()), d = static_cast<int>(k[0].cols());
+  const int tq = static_cast<int>(q[0].rows());
+  for (int g = 0; g < hkv; ++g) {
+    for (const Matrix* m : {&k[g], &v[g], &k_hat[g], &v_hat[g]})
+      KVARN_CHECK(m->rows() == t && m->cols() == d, "attention_metrics: KV head ", g, " has a ",
+                  m->rows(), "x", m->cols(), " array, expected ", t, "x", d);
+    if (k_quantized)
+      KVARN_CHECK(static_cast<int>((*k_quantized)[g].size()) == t, "attention_metrics: KV head ", g,
+                  " has ", (*k_quantized)[g].size(), " quantized flags for ", t, " tokens");
+  }
+  for (int h = 0; h < hq; ++h)
+    KVARN_CHECK(q[h].rows() == tq && q[h].cols() == d, "attention_metrics: query head ", h, " is ",
+                q[h].rows(), "x", q[h].cols(), ", expected ", tq, "x", d);
+  if (k_quantized)
+    KVARN_CHECK(static_cast<int>(k_quantized->size()) == hkv,
+                "attention_metrics: ", k_quantized->size(), " quantized masks for ", hkv,
+                " KV heads");
+  const int q_first = opts.q_first < 0 ? t - tq : opts.q_first;
+  KVARN_CHECK(tq > 0 && q_first >= 0 && q_first + tq <= t, "attention_metrics: ", tq,
+              " queries from position ", q_first, " exceed ", t, " tokens");
+  for (int kk : opts.topk) KVARN_CHECK(kk > 0, "attention_metrics: top-k must be > 0, got ", kk);
+
+  AttentionReport rep;
+  rep.q_heads = hq;
+  rep.kv_heads = hkv;
+  rep.tokens = t;
+  rep.queries = tq;
+  rep.head_dim = d;
+  rep.q_first = q_first;
+  rep.topk = opts.topk;
+  rep.bucket_edges = opts.bucket_edges.empty() ? default_edges(t) : opts.bucket_edges;
+  const std::vector<int>& edges = rep.bucket_edges;
+  KVARN_CHECK(edges.size() >= 2 && std::is_sorted(edges.begin(), edges.end()),
+              "attention_metrics: bucket edges must be ascending, at least two");
+  const int nb = static_cast<int>(edges.size()) - 1;
+  rep.heads.resize(hq);
+  rep.buckets.assign(nb, {});
+  const int group = hq / hkv;
+
+  std::vector<MatrixD> qd(hq);
+  for (int h = 0; h < hq; ++h) qd[h] = to_double(q[h]);
+  for (int g = 0; g < hkv; ++g) {
+    const MatrixD kd = to_double(k[g]), vd = to_double(v[g]);
+    const MatrixD khd = to_double(k_hat[g]), vhd = to_double(v_hat[g]);
+    for (int h = g * group; h < (g + 1) * group; ++h) {
+      HeadAttentionMetrics& hm = rep.heads[h];
+      hm.q_head = h;
+      hm.kv_head = g;
+      run_head(qd[h], kd, vd, khd, vhd, q_first, opts, true, &hm.positions);
+      accumulate(hm.positions, 0, tq, &hm.summary);
+      hm.buckets.assign(nb, {});
+      for (int bk = 0; bk < nb; ++bk) {
+        // Query rows whose position falls in [edges[bk], edges[bk+1]).
+        const int a = std::clamp(edges[bk] - q_first, 0, tq);
+        const int b = std::clamp(edges[bk + 1] - q_first, 0, tq);
+        accumulate(hm.positions, a, b, &hm.buckets[bk]);
+        merge_sums(hm.buckets[bk], &rep.buckets[bk]);
+        finish(&hm.buckets[bk]);
+      }
+      merge_sums(hm.summary, &rep.summary);
+      finish(&hm.summary);
+      if (!opts.per_position) hm.positions = {};
+    }
+  }
+  finish(&rep.summary);
+  for (auto& b : rep.buckets) finish(&b);
+
+  // Outlier importance: patch the worst entries of K̂ (by |k − k̂| over the whole K of a KV head,
+  // tokens the method quantized only) back to exact and measure KL again.
+  const int np = static_cast<int>(opts.outlier_percents.size());
+  rep.outliers.resize(np);
+  for (int i = 0; i < np; ++i) rep.outliers[i].percent = opts.outlier_percents[i];
+  if (np > 0) {
+    std::vector<double> err_sum(np, 0.0);
+    double total_err = 0;
+    std::vector<std::int64_t> kl_count(np, 0);
+    const double max_pct =
+        *std::max_element(opts.outlier_percents.begin(), opts.outlier_percents.end());
+    std::vector<int> cand;
+    std::vector<float> err(static_cast<std::size_t>(t) * d);
+    PositionMetrics pm;
+    for (int g = 0; g < hkv; ++g) {
+      const float* a = k[g].data();
+      const float* b = k_hat[g].data();
+      cand.clear();
+      for (int r = 0; r < t; ++r) {
+        const bool use = !k_quantized || (*k_quantized)[g][r];
+        for (int c = 0; c < d; ++c) {
+          const std::size_t j = static_cast<std::size_t>(r) * d + c;
+          const double e = static_cast<double>(a[j]) - b[j];
+          err[j] = static_cast<float>(std::fabs(e));
+          total_err += e * e;
+          if (use) cand.push_back(static_cast<int>(j));
+        }
+      }
+      auto larger = [&](int x, int y) { return err[x] != err[y] ? err[x] > err[y] : x < y; };
+      auto count_of = [&](double pct) {
+        const double c = std::ceil(pct / 100.0 * static_cast<double>(cand.size()));
+        return std::min(cand.size(), static_cast<std::size_t>(std::max(0.0, c)));
+      };
+      const std::size_t most = count_of(max_pct);
+      if (most > 0 && most < cand.size())
+        std::nth_element(cand.begin(), cand.begin() + (most - 1), cand.end(), larger);
+      std::sort(cand.begin(), cand.begin() + most, larger);
+      const MatrixD kd = to_double(k[g]), vd = to_double(v[g]), vhd = to_double(v_hat[g]);
+      for (int pi = 0; pi < np; ++pi) {
+        const std::size_t cnt = count_of(opts.outlier_percents[pi]);
+        MatrixD kp = to_double(k_hat[g]);
+        for (std::size_t j = 0; j < cnt; ++j) {
+          const int idx = cand[j];
+          kp.data()[idx] = kd.data()[idx];
+          const double e = static_cast<double>(a[idx]) - b[idx];
+          err_sum[pi] += e * e;
+        }
+        rep.outliers[pi].patched_entries += static_cast<std::int64_t>(cnt);
+        for (int h = g * group; h < (g + 1) * group; ++h) {
+          run_head(qd[h], kd, vd, kp, vhd, q_first, opts, false, &pm);
+          rep.outliers[pi].kl += std::accumulate(pm.kl.begin(), pm.kl.end(), 0.0);
+          kl_count[pi] += tq;
+        }
+      }
+    }
+    for (int pi = 0; pi < np; ++pi) {
+      if (kl_count[pi] > 0) rep.outliers[pi].kl /= static_cast<double>(kl_count[pi]);
+      rep.outliers[pi].k_err_share = total_err > 0 ? err_sum[pi] / total_err : 0.0;
+    }
+  }
+  return rep;
+}
+
+AttentionReport attention_metrics(const std::vector<Matrix>& q, const std::vector<Matrix>& k,
+                                  const std::vector<Matrix>& v,
+                                  const std::vector<SequenceResult>& quantized,
+                                  const AttentionOptions& opts) {
+  KVARN_CHECK(quantized.size() == k.size(), "attention_metrics: ", quantized.size(),
+              " quantized KV heads for ", k.size());
+  std::vector<Matrix> kh, vh;
+  std::vector<std::vector<std::uint8_t>> mask;
+  for (const SequenceResult& r : quantized) {
+    kh.push_back(r.k_hat);
+    vh.push_back(r.v_hat);
+    mask.push_back(r.k_quantized);
+  }
+  return attention_metrics(q, k, v, kh, vh, opts, &mask);
+}
+
+AttentionReport attention_metrics(const Method& method, const std::vector<Matrix>& q,
+                                  const std::vector<Matrix>& k, const std::vector<Matrix>& v,
+                                  const LayerContext& layer, const AttentionOptions& opts) {
+  KVARN_CHECK(k.size() == v.size(), "attention_metrics: ", k.size(), " K heads but ", v.size(),
+              " V heads");
+  std::vector<SequenceResult> quantized;
+  for (std::size_t g = 0; g < k.size(); ++g)
+    quantized.push_back(quantize_sequence(method, k[g], v[g], layer));
+  return attention_metrics(q, k, v, quantized, opts);
+}
+
+void to_json(nlohmann::json& j, const AttentionSummary& s) {
+  j = nlohmann::json{{"count", s.count},
+                     {"logit_mae", json_number(s.logit_mae)},
+                     {"logit_rmse", json_number(s.logit_rmse)},
+                     {"kl", json_number(s.kl)},
+                     {"kl_max", json_number(s.kl_max)},
+                     {"js", json_number(s.js)},
+                     {"output_nmse", json_number(s.output_nmse)},
+                     {"topk_overlap", s.topk_overlap}};
+}
+
+void to_json(nlohmann::json& j, const HeadAttentionMetrics& h) {
+  auto arr = [](const std::vector<double>& v) {
+    nlohmann::json a = nlohmann::json::array();
+    for (double x : v) a.push_back(json_number(x));
+    return a;
+  };
+  j = nlohmann::json{
+      {"q_head", h.q_head}, {"kv_head", h.kv_head}, {"summary", h.summary}, {"buckets", h.buckets}};
+  if (!h.positions.kl.empty()) {
+    nlohmann::json topk = nlohmann::json::array();
+    for (const auto& v : h.positions.topk_overlap) topk.push_back(arr(v));
+    j["positions"] = {{"logit_mae", arr(h.positions.logit_mae)},
+                      {"logit_rmse", arr(h.positions.logit_rmse)},
+                      {"kl", arr(h.positions.kl)},
+                      {"js", arr(h.positions.js)},
+                      {"output_nmse", arr(h.positions.output_nmse)},
+                      {"topk_overlap", topk}};
+  }
+}
+
+void to_json(nlohmann::json& j, const OutlierImportance& o) {
+  j = nlohmann::json{{"percent", o.percent},
+                     {"patched_entries", o.patched_entries},
+                     {"kl", json_number(o.kl)},
+                     {"k_err_share", json_number(o.k_err_share)}};
+}
+
+void to_json(nlohmann::json& j, const AttentionReport& r) {
+  j = nlohmann::json{{"q_heads", r.q_heads},   {"kv_heads", r.kv_heads},
+                     {"tokens", r.tokens},     {"queries", r.queries},
+                     {"head_dim", r.head_dim}, {"q_first", r.q_first},
+                     {"topk", r.topk},         {"bucket_edges", r.bucket_edges},
+                     {"summary", r.summary},   {"buckets", r.buckets},
+                     {"heads", r.heads},       {"outliers", r.outliers}};
+}
+
+}  // namespace kvarn
