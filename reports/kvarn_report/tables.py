@@ -1,0 +1,211 @@
+"""The main comparison table (Markdown, HTML, LaTeX/booktabs) and the full metric listing."""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+from typing import List, Optional
+
+from .load import MethodKey, RunData
+
+
+@dataclass
+class Column:
+    header: str  # plain text
+    latex: str  # LaTeX header
+    metric: Optional[str]  # None: bits per element
+    better: str  # "min" or "max"
+    kind: str  # "bits", "sci" or "frac"
+
+
+MAIN_COLUMNS = [
+    Column("Bits/el", r"Bits/el.\,$\downarrow$", None, "min", "bits"),
+    Column("K NMSE", r"K NMSE\,$\downarrow$", "key.end_to_end.nmse", "min", "sci"),
+    Column("V NMSE", r"V NMSE\,$\downarrow$", "value.end_to_end.nmse", "min", "sci"),
+    Column("Attn KL (nats)", r"Attn.\ KL\,$\downarrow$", "attention.kl.mean", "min", "sci"),
+    Column("Top-1 overlap", r"Top-1\,$\uparrow$", "attention.top1_overlap", "max", "frac"),
+    Column("Output NMSE", r"Out.\ NMSE\,$\downarrow$", "attention.output_nmse", "min", "sci"),
+]
+
+REFERENCE_FAMILIES = ("fp16",)
+
+
+@dataclass
+class Table:
+    methods: List[MethodKey]
+    columns: List[Column]
+    values: List[List[float]]  # [method][column]
+    bold: List[List[bool]]
+    note: str
+
+
+def _best_flags(values: List[List[float]], methods: List[MethodKey], columns: List[Column]) -> List[List[bool]]:
+    candidates = [i for i, m in enumerate(methods) if m.family not in REFERENCE_FAMILIES]
+    if not candidates:
+        candidates = list(range(len(methods)))
+    flags = [[False] * len(columns) for _ in methods]
+    for j, c in enumerate(columns):
+        vals = [(i, values[i][j]) for i in candidates if not math.isnan(values[i][j])]
+        if len(vals) < 2:
+            continue
+        best = min(v for _, v in vals) if c.better == "min" else max(v for _, v in vals)
+        for i, v in vals:
+            if v == best or abs(v - best) <= 1e-12 * max(abs(best), 1e-300):
+                flags[i][j] = True
+    return flags
+
+
+def main_table(run: RunData) -> Table:
+    cols = [c for c in MAIN_COLUMNS
+            if c.metric is None or any(not math.isnan(run.value(k, c.metric)) for k in run.methods)]
+    values = []
+    for k in run.methods:
+        values.append([run.bits(k) if c.metric is None else run.value(k, c.metric) for c in cols])
+    flags = _best_flags(values, run.methods, cols)
+    note = ("Mean over layers, heads and cases. Arrows give the better direction; bold marks the best "
+            "value among the compressed methods (FP16 is the uncompressed reference and is not ranked). "
+            "“–” means the metric is undefined or was not measured for that method.")
+    return Table(run.methods, cols, values, flags, note)
+
+
+# ------------------------------------------------------------------ formatting
+
+
+def fmt_plain(v: float, kind: str) -> str:
+    if math.isnan(v):
+        return "–"
+    if kind == "bits":
+        return f"{v:.2f}"
+    if kind == "frac":
+        return f"{v:.3f}"
+    if v == 0:
+        return "0"
+    return f"{v:.2e}"
+
+
+def fmt_html(v: float, kind: str) -> str:
+    s = fmt_plain(v, kind)
+    if kind == "sci" and "e" in s:
+        mant, exp = s.split("e")
+        return f"{mant}×10<sup>{int(exp)}</sup>"
+    return html.escape(s)
+
+
+def fmt_latex(v: float, kind: str) -> str:
+    s = fmt_plain(v, kind)
+    if s == "–":
+        return "--"
+    if kind == "sci" and "e" in s:
+        mant, exp = s.split("e")
+        return f"${mant}\\times10^{{{int(exp)}}}$"
+    return s
+
+
+def latex_escape(s: str) -> str:
+    rep = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+           "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "×": r"$\times$",
+           "–": "--"}
+    return "".join(rep.get(ch, ch) for ch in s)
+
+
+def to_markdown(t: Table) -> str:
+    head = ["Method"] + [c.header + (" ↓" if c.better == "min" else " ↑") for c in t.columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join([":---"] + ["---:"] * len(t.columns)) + "|"]
+    for i, m in enumerate(t.methods):
+        cells = [m.label.replace("|", "\\|")]
+        for j, c in enumerate(t.columns):
+            s = fmt_plain(t.values[i][j], c.kind)
+            cells.append(f"**{s}**" if t.bold[i][j] else s)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def to_html(t: Table) -> str:
+    out = ['<table class="results">', "<thead><tr><th>Method</th>"]
+    for c in t.columns:
+        out.append(f"<th>{html.escape(c.header)} {'↓' if c.better == 'min' else '↑'}</th>")
+    out.append("</tr></thead><tbody>")
+    for i, m in enumerate(t.methods):
+        out.append(f"<tr><td class=\"m\">{html.escape(m.label)}</td>")
+        for j, c in enumerate(t.columns):
+            s = fmt_html(t.values[i][j], c.kind)
+            out.append(f"<td><b>{s}</b></td>" if t.bold[i][j] else f"<td>{s}</td>")
+        out.append("</tr>")
+    out.append("</tbody></table>")
+    return "\n".join(out) + "\n"
+
+
+def to_latex(t: Table, caption: str, label: str = "tab:kvarn-main") -> str:
+    """A booktabs table (needs \\usepackage{booktabs})."""
+    lines = [
+        "% Generated by reports/kvarn_report.py; needs \\usepackage{booktabs}.",
+        "\\begin{table}[t]",
+        "\\centering",
+        "\\small",
+        f"\\caption{{{latex_escape(caption)}}}",
+        f"\\label{{{label}}}",
+        "\\begin{tabular}{l" + "r" * len(t.columns) + "}",
+        "\\toprule",
+        "Method & " + " & ".join(c.latex for c in t.columns) + " \\\\",
+        "\\midrule",
+    ]
+    prev_fam = None
+    for i, m in enumerate(t.methods):
+        if prev_fam is not None and m.family != prev_fam:
+            lines.append("\\addlinespace")
+        prev_fam = m.family
+        cells = [latex_escape(m.label)]
+        for j, c in enumerate(t.columns):
+            s = fmt_latex(t.values[i][j], c.kind)
+            if t.bold[i][j]:
+                s = f"{{\\boldmath{s}}}" if s.startswith("$") else f"\\textbf{{{s}}}"
+            cells.append(s)
+        lines.append(" & ".join(cells) + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ all metrics (appendix)
+
+
+def all_metrics(run: RunData):
+    """(metrics, methods, values[metric][method]) for every metric in the summary."""
+    metrics = run.metrics()
+    vals = [[run.value(k, m) for k in run.methods] for m in metrics]
+    return metrics, run.methods, vals
+
+
+def _fmt_any(v: float) -> str:
+    if math.isnan(v):
+        return "–"
+    if v == 0:
+        return "0"
+    if 1e-2 <= abs(v) < 1e4:
+        return f"{v:.4g}"
+    return f"{v:.2e}"
+
+
+def all_metrics_markdown(run: RunData) -> str:
+    metrics, methods, vals = all_metrics(run)
+    if not metrics:
+        return ""
+    lines = ["| Metric | " + " | ".join(m.label for m in methods) + " |",
+             "|:---|" + "|".join(["---:"] * len(methods)) + "|"]
+    for mi, name in enumerate(metrics):
+        lines.append(f"| `{name}` | " + " | ".join(_fmt_any(v) for v in vals[mi]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def all_metrics_html(run: RunData) -> str:
+    metrics, methods, vals = all_metrics(run)
+    if not metrics:
+        return ""
+    out = ['<table class="results small">', "<thead><tr><th>Metric</th>"]
+    out += [f"<th>{html.escape(m.label)}</th>" for m in methods]
+    out.append("</tr></thead><tbody>")
+    for mi, name in enumerate(metrics):
+        out.append(f"<tr><td class=\"m\"><code>{html.escape(name)}</code></td>"
+                   + "".join(f"<td>{html.escape(_fmt_any(v))}</td>" for v in vals[mi]) + "</tr>")
+    out.append("</tbody></table>")
+    return "\n".join(out) + "\n"

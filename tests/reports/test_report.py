@@ -1,0 +1,351 @@
+#!/usr/bin/env python3
+"""Smoke test of the report generator (no pytest needed; exit code != 0 on failure).
+
+Builds synthetic run directories that follow the run-directory contract (docs/results.md,
+docs/reports.md) in a temporary folder, runs reports/kvarn_report.py on them and checks the outputs:
+
+  full      every piece present: summary.jsonl+csv, cases, arrays, throughput.json
+  minimal   summary.csv only (no provenance, resolved, arrays, throughput)
+  broken    no summary at all -> non-zero exit
+
+Usage: python3 tests/reports/test_report.py [--keep DIR]   (--keep writes the runs to DIR)
+"""
+
+import csv
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+try:
+    import h5py  # noqa: F401
+
+    HAVE_H5PY = True
+except ImportError:  # arrays are optional in the contract; the array figures are then not expected
+    HAVE_H5PY = False
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+SCRIPT = os.path.join(ROOT, "reports", "kvarn_report.py")
+
+L, H, D, T = 6, 4, 128, 512
+
+# method -> (spec, family, bits/el, {stage metric suffix: (key, value)}, attention KL, top-1 overlap)
+METHODS = {
+    "fp16": ("fp16", "fp16", 16.0, {"end_to_end": (0.0, 0.0)}, 0.0, 1.0),
+    "fp8_e4m3": ("fp8:format=e4m3", "fp8", 8.0, {"end_to_end": (1.2e-3, 1.3e-3)}, 2.0e-5, 0.995),
+    "kivi_2bit": ("kivi:bits=2,group=32,residual=128", "kivi", 3.05,
+                  {"quant_normalized": (0.09, 0.11), "end_to_end": (0.085, 0.105)}, 8.0e-3, 0.91),
+    "turboquant_3bit_nc": ("turboquant:k=3,v=3,corr=0", "turboquant", 3.13,
+                           {"rotation": (1.1e-14, 1.2e-14), "quant_rotated": (0.034, 0.035),
+                            "end_to_end": (0.034, 0.035)}, 3.0e-3, 0.95),
+    "kvarn_k4v2_g128": ("kvarn:k=4,v=2,g=128", "kvarn", 3.19,
+                        {"rotation": (2.0e-14, 2.1e-14), "quant_normalized": (0.0091, 0.108),
+                         "quant_rotated": (0.0093, 0.11), "end_to_end": (0.0095, 0.112)}, 1.5e-3, 0.97),
+    "kvarn_k4v4_g128": ("kvarn:k=4,v=4,g=128", "kvarn", 4.19,
+                        {"rotation": (2.0e-14, 2.1e-14), "quant_normalized": (0.0091, 0.0089),
+                         "quant_rotated": (0.0093, 0.0091), "end_to_end": (0.0095, 0.0093)}, 2.0e-4, 0.99),
+}
+SPEEDUP = {"fp16": 1.0, "fp8_e4m3": 1.8, "kivi_2bit": 2.1, "turboquant_3bit_nc": 1.6,
+           "kvarn_k4v2_g128": 3.9, "kvarn_k4v4_g128": 3.1}
+TILES = ["tileA", "tileB"]
+
+FAILS = []
+
+
+def check(cond, msg):
+    if not cond:
+        FAILS.append(msg)
+        print("FAIL:", msg)
+
+
+def layer_head_factor(rng):
+    # layer 0 and one head are worse, as real captures often are
+    f = np.exp(rng.normal(0, 0.25, size=(L, H)))
+    f[0, :] *= 4.0
+    f[:, 2] *= 1.8
+    return f / f.mean()
+
+
+def make_run(run_dir, with_arrays=True, with_throughput=True):
+    with_arrays = with_arrays and HAVE_H5PY
+    os.makedirs(os.path.join(run_dir, "cases"), exist_ok=True)
+    rng = np.random.default_rng(1234)
+    resolved = {
+        "name": "synthetic",
+        "description": "Synthetic run directory written by tests/reports/test_report.py.",
+        "data": {"source": "fixture", "layers": L, "kv_heads": H, "head_dim": D, "tokens": T},
+        "methods": list(METHODS),
+        "metrics": {"attention": True, "stages": True, "accumulation": with_arrays},
+        "seeds": [0],
+        "output": run_dir,
+    }
+    prov = {"git_commit": "0123456789abcdef0123456789abcdef01234567", "git_dirty": True,
+            "build_type": "Release", "compiler": "GNU 12.2.0",
+            "libraries": {"hdf5": "1.12.2", "nlohmann_json": "3.11.2"},
+            "cpu": "Synthetic CPU @ 3.0GHz", "gpu": "NVIDIA H200", "date": "2025-01-01T00:00:00Z",
+            "command": "kvarn-eval sweep configs/synthetic.yaml", "seed": 0}
+    with open(os.path.join(run_dir, "resolved.json"), "w") as f:
+        json.dump(resolved, f, indent=2)
+    with open(os.path.join(run_dir, "provenance.json"), "w") as f:
+        json.dump(prov, f, indent=2)
+
+    rows = []
+    n = 0
+    for method, (spec, fam, bits, stages, kl, top1) in METHODS.items():
+        for tile in TILES:
+            n += 1
+            case_id = f"c{n:03d}-{method}-{tile}"
+            fac = layer_head_factor(rng)
+            tile_scale = 1.0 if tile == "tileA" else 1.1
+
+            def emit(metric, scope, v, per_lh=True, overlap=False):
+                base = dict(case_id=case_id, method=method, spec=spec, family=fam, bits_per_element=bits,
+                            metric=metric, scope=scope)
+                if v is None:
+                    rows.append(dict(base, layer=-1, head=-1, value=None))
+                    return
+                if per_lh:
+                    m = np.full((L, H), v) if overlap else v * fac * tile_scale
+                    for l in range(L):
+                        for h in range(H):
+                            rows.append(dict(base, layer=l, head=h, value=float(m[l, h])))
+                    v = float(m.mean())
+                rows.append(dict(base, layer=-1, head=-1, value=float(v)))
+
+            for stream_i, stream in enumerate(("key", "value")):
+                for stage in ("rotation", "quant_normalized", "quant_rotated"):
+                    v = stages.get(stage)
+                    emit(f"{stream}.stage.{stage}.nmse", stream, None if v is None else v[stream_i], per_lh=False)
+                emit(f"{stream}.end_to_end.nmse", stream, stages["end_to_end"][stream_i])
+            emit("key.magnitude_share.top1", "key", 0.12 if fam != "fp16" else 0.12, per_lh=False)
+            emit("attention.kl.mean", "attention", kl)
+            emit("attention.js.mean", "attention", kl / 4)
+            emit("attention.top1_overlap", "attention", top1, overlap=True)
+            emit("attention.top8_overlap", "attention", min(1.0, top1 + 0.01), per_lh=False)
+            emit("attention.top32_overlap", "attention", min(1.0, top1 + 0.02), per_lh=False)
+            emit("attention.output_nmse", "attention", stages["end_to_end"][1] * 0.8)
+            emit("attention.logit_mae", "attention", math.sqrt(stages["end_to_end"][0]) * 0.5, per_lh=False)
+            emit("attention.outlier_kl.p1", "attention", kl * 6, per_lh=False)
+
+            with open(os.path.join(run_dir, "cases", case_id + ".json"), "w") as f:
+                json.dump({"case_id": case_id, "spec": spec, "method": method,
+                           "metrics": {"attention.kl.mean": kl}, "timing": {"seconds": 0.5}}, f)
+            if with_arrays:
+                os.makedirs(os.path.join(run_dir, "arrays"), exist_ok=True)
+                with h5py.File(os.path.join(run_dir, "arrays", case_id + ".h5"), "w") as f:
+                    pos = np.arange(T)
+                    f["attention/kl_by_position"] = kl * (1 + 0.3 * np.sin(pos / 40.0))
+                    f["attention/kl_layer_head"] = kl * fac * tile_scale
+                    f["key/nmse_by_channel"] = stages["end_to_end"][0] * np.exp(rng.normal(0, 0.3, D))
+                    f["key/nmse_by_token"] = stages["end_to_end"][0] * np.exp(rng.normal(0, 0.3, T))
+                    ctx = np.array([256, 512, 1024, 2048, 4096, 8192, 16384])
+                    e = stages["end_to_end"][1]  # 0 for FP16: drawn as "(= 0)"
+                    f["accumulation/context_len"] = ctx
+                    f["accumulation/mae_static"] = 0.02 * math.sqrt(e) * (1 + 0.05 * np.log2(ctx / 256))
+                    grow = 0.0 if fam in ("fp16", "kvarn") else 0.12
+                    f["accumulation/mae_accumulated"] = 0.02 * math.sqrt(e) * (1 + (0.05 + grow) * np.log2(ctx / 256))
+                    steps = np.arange(0, 2000)
+                    f["decode/step"] = steps
+                    noise = np.exp(rng.normal(0, 0.4, steps.size))
+                    f["decode/kl"] = kl * (1 + steps / 1500.0 * (0 if fam == "fp16" else 1)) * noise
+
+    with open(os.path.join(run_dir, "summary.jsonl"), "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    keys = ["case_id", "method", "spec", "family", "bits_per_element", "metric", "scope", "layer", "head", "value"]
+    with open(os.path.join(run_dir, "summary.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r[k] is None else r[k]) for k in keys})
+
+    if with_throughput:
+        tp = []
+        for ctx in (8192, 32768):
+            for method, (spec, fam, bits, *_rest) in METHODS.items():
+                bpt = bits / 8 * 2 * 8 * 128  # K+V, 8 KV heads, head_dim 128, bytes per token per layer
+                base_t = 100.0 * ctx / 8192
+                spd = SPEEDUP[method] * (1.0 if ctx == 8192 else 1.1)
+                if method == "fp16":
+                    spd = 1.0
+                tp.append({"method": method, "batch": 8, "context": ctx, "hq": 64, "hkv": 8,
+                           "time_us": base_t / spd, "bytes": bpt * ctx * 8, "tb_s": 3.1,
+                           "pct_roofline": 70.0, "speedup_vs_fp16": spd, "speedup_vs_sdpa": spd * 1.05,
+                           "bytes_per_token": bpt})
+        with open(os.path.join(run_dir, "throughput.json"), "w") as f:
+            json.dump(tp, f, indent=2)
+    return rows
+
+
+def run_report(run_dir, out=None):
+    cmd = [sys.executable, SCRIPT, run_dir] + (["--out", out] if out else [])
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+    return p.returncode, p.stdout
+
+
+def digest_tree(d):
+    out = {}
+    for root, _, files in os.walk(d):
+        for fn in files:
+            p = os.path.join(root, fn)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, d)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+FIGS = ["stage_errors", "kl_pareto", "context_error", "decode_kl", "kl_heatmaps", "capacity_throughput"]
+if not HAVE_H5PY:
+    print("note: h5py is not installed; the array figures are not checked")
+    FIGS = [f for f in FIGS if f not in ("context_error", "decode_kl")]
+
+
+def check_links(report_dir, html, md):
+    srcs = re.findall(r'(?:src|href)="([^"#:]+)"', html)
+    check(srcs, "report.html references no files")
+    for s in srcs:
+        check(os.path.isfile(os.path.join(report_dir, s)), f"report.html references missing {s}")
+        check(not os.path.isabs(s), f"report.html uses an absolute path {s}")
+    for s in re.findall(r"\]\(([^)]+)\)", md):
+        check(os.path.isfile(os.path.join(report_dir, s)), f"report.md references missing {s}")
+
+
+def test_full(tmp):
+    run_dir = os.path.join(tmp, "full")
+    make_run(run_dir)
+    rc, out = run_report(run_dir)
+    print(out)
+    check(rc == 0, f"full run: exit code {rc}")
+    rep = os.path.join(run_dir, "report")
+    for name in ["report.html", "report.md", "tables/main.tex", "tables/main.md", "tables/main.html"]:
+        check(os.path.isfile(os.path.join(rep, name)), f"full run: {name} missing")
+    for fig in FIGS:
+        for ext in ("png", "pdf"):
+            p = os.path.join(rep, "figures", f"{fig}.{ext}")
+            ok = os.path.isfile(p) and os.path.getsize(p) > 5000
+            check(ok, f"full run: figure {fig}.{ext} missing or tiny")
+            if ok:
+                with open(p, "rb") as f:
+                    head = f.read(8)
+                check(head.startswith(b"\x89PNG") if ext == "png" else head.startswith(b"%PDF"),
+                      f"{fig}.{ext} has the wrong format")
+    if FAILS:
+        return
+    html = open(os.path.join(rep, "report.html"), encoding="utf-8").read()
+    md = open(os.path.join(rep, "report.md"), encoding="utf-8").read()
+    tex = open(os.path.join(rep, "tables/main.tex"), encoding="utf-8").read()
+    tmd = open(os.path.join(rep, "tables/main.md"), encoding="utf-8").read()
+    check_links(rep, html, md)
+    # provenance and config
+    for s in ("0123456789abcdef0123456789abcdef01234567", "Synthetic CPU", "NVIDIA H200", "2025-01-01", "synthetic"):
+        check(s in html, f"report.html lacks provenance/config text {s!r}")
+        check(s in md, f"report.md lacks provenance/config text {s!r}")
+    check(re.search(r"dirty\)</td><td><code>yes", html) is not None, "report.html does not show the dirty flag")
+    # readable names and all figures with captions
+    for label in ("KVarN K4V2 g128", "KVarN K4V4 g128", "FP8 E4M3", "KIVI 2-bit", "TurboQuant 3-bit", "FP16"):
+        check(label in html and label in md and label in tex, f"method label {label!r} missing somewhere")
+    check(html.count("<figcaption>") == len(FIGS), "report.html: expected one caption per figure")
+    check(md.count("### Figure") == len(FIGS), "report.md: expected one section per figure")
+    # LaTeX booktabs
+    for s in ("\\toprule", "\\midrule", "\\bottomrule", "\\begin{tabular}", "\\caption{"):
+        check(s in tex, f"main.tex lacks {s}")
+    check("_" not in re.sub(r"\\_", "", tex.split("\\begin{tabular}")[1]), "main.tex has an unescaped underscore")
+    # bold best among the compressed methods: fewest bits KIVI 2-bit (3.05); lowest KL and highest
+    # top-1 overlap FP8 E4M3; FP16 (all zeros) is the reference and never bold
+    lines = {l.split("|")[1].strip(): l for l in tmd.splitlines() if l.startswith("| ") and "Method" not in l}
+    cols = [c.strip() for c in tmd.splitlines()[0].split("|")[1:-1]]
+
+    def cell(method_label, col_prefix):
+        j = next(i for i, c in enumerate(cols) if c.startswith(col_prefix))
+        return lines[method_label].split("|")[1:-1][j].strip()
+
+    check(cell("KIVI 2-bit", "Bits/el").startswith("**"), "bits column: KIVI 2-bit (fewest bits) not bold")
+    check(cell("FP8 E4M3", "Attn KL").startswith("**"), "KL column: FP8 (lowest KL) not bold")
+    check(not cell("FP16", "Attn KL").startswith("**"), "KL column: the FP16 reference must not be ranked")
+    check(not cell("KVarN K4V2 g128", "Attn KL").startswith("**"), "KL column: KVarN K4V2 wrongly bold")
+    check(cell("FP8 E4M3", "Top-1").startswith("**"), "top-1 column: FP8 (highest overlap) not bold")
+    check(sum(1 for m in lines if cell(m, "Attn KL").startswith("**")) == 1, "KL column: exactly one bold cell")
+    check(cell("KVarN K4V4 g128", "Attn KL") == "2.10e-04", "KL aggregate (mean over tiles) is wrong: "
+          + cell("KVarN K4V4 g128", "Attn KL"))
+    check("\\textbf{3.05}" in tex, "main.tex: best bits not in \\textbf")
+    check("{\\boldmath$" in tex, "main.tex: best scientific value not bold")
+    check("<b>" in open(os.path.join(rep, "tables/main.html"), encoding="utf-8").read(), "main.html has no bold")
+    # no skipped-figure notes in the full run
+    check("skipped" not in html.split("<h2>Notes</h2>")[-1] if "<h2>Notes</h2>" in html else True,
+          "full run reports a skipped figure")
+
+    # determinism: a second run into another directory gives identical bytes
+    rep2 = os.path.join(tmp, "full_again")
+    rc2, out2 = run_report(run_dir, rep2)
+    check(rc2 == 0, f"second run: exit code {rc2}: {out2}")
+    a, b = digest_tree(rep), digest_tree(rep2)
+    check(sorted(a) == sorted(b), "second run wrote a different file set")
+    diff = [k for k in a if a.get(k) != b.get(k)]
+    check(not diff, f"outputs are not reproducible: {diff}")
+
+
+def test_minimal(tmp):
+    run_dir = os.path.join(tmp, "minimal")
+    make_run(run_dir, with_arrays=False, with_throughput=False)
+    for name in ("summary.jsonl", "provenance.json", "resolved.json"):
+        os.remove(os.path.join(run_dir, name))
+    shutil.rmtree(os.path.join(run_dir, "cases"))
+    out_dir = os.path.join(tmp, "minimal_report")
+    rc, out = run_report(run_dir, out_dir)
+    print(out)
+    check(rc == 0, f"minimal run: exit code {rc}")
+    html = open(os.path.join(out_dir, "report.html"), encoding="utf-8").read()
+    md = open(os.path.join(out_dir, "report.md"), encoding="utf-8").read()
+    check_links(out_dir, html, md)
+    # summary-only figures are drawn (heatmaps from per-layer/head rows), array figures are skipped with a note
+    for fig in ("stage_errors", "kl_pareto", "kl_heatmaps"):
+        check(os.path.isfile(os.path.join(out_dir, "figures", fig + ".png")), f"minimal run: {fig} not drawn")
+    for fig in ("context_error", "decode_kl", "capacity_throughput"):
+        check(not os.path.exists(os.path.join(out_dir, "figures", fig + ".png")), f"minimal run: {fig} drawn")
+    for s in ("error vs context length", "KL vs decode step", "capacity × throughput", "provenance.json is missing"):
+        check(s in html and s in md, f"minimal run: note {s!r} missing")
+    check("summary rows" in html.lower(), "minimal run: config block missing")
+
+
+def test_broken(tmp):
+    run_dir = os.path.join(tmp, "broken")
+    os.makedirs(run_dir)
+    rc, out = run_report(run_dir)
+    check(rc != 0, "a directory without a summary must fail")
+    check("summary" in out, f"error message should name the summary: {out}")
+    rc, out = run_report(os.path.join(tmp, "does_not_exist"))
+    check(rc != 0, "a missing directory must fail")
+
+
+def main():
+    keep = None
+    if len(sys.argv) > 2 and sys.argv[1] == "--keep":
+        keep = os.path.abspath(sys.argv[2])
+        shutil.rmtree(keep, ignore_errors=True)
+        os.makedirs(keep)
+    tmp = keep or tempfile.mkdtemp(prefix="kvarn_report_test_")
+    try:
+        for t in (test_full, test_minimal, test_broken):
+            try:
+                t(tmp)
+            except Exception as e:  # an exception is a failed check, and the others still run
+                check(False, f"{t.__name__} raised {type(e).__name__}: {e}")
+    finally:
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if FAILS:
+        print(f"{len(FAILS)} check(s) failed")
+        return 1
+    print("reports_smoke: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
