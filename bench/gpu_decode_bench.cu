@@ -1,6 +1,8 @@
 // H200 decode benchmarks: device read/copy bandwidth (the roofline), KVarN store throughput, and
 // the paged decode sweep (KVarN k4v2/k4v4, FP16, FP8). Manual timing with CUDA events, median of
-// repetitions, L2 flushed between repetitions when the working set is small.
+// repetitions, L2 flushed between repetitions when the working set is small. Everything runs on
+// one created stream; each decode step (split kernel + programmatic-dependent combine) is
+// captured once into a CUDA graph and replayed, as a serving loop would.
 // Env: KVARN_BENCH_BUDGET_S (default 300) stops registering new decode work past the budget.
 #include <benchmark/benchmark.h>
 #include <cuda_fp16.h>
@@ -81,20 +83,30 @@ int grid() {
   return sms * 8;
 }
 
+cudaStream_t bench_stream() {
+  static cudaStream_t s = [] {
+    cudaStream_t x;
+    KVARN_CUDA_CHECK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
+    return x;
+  }();
+  return s;
+}
+
 // Runs f() `reps` times between events, median in seconds. flush: write a 256 MiB buffer first.
 template <typename F>
 double time_median(F f, int reps, bool flush) {
   static Dev<unsigned char> l2(256u << 20);
+  const cudaStream_t st = bench_stream();
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
   for (int i = 0; i < 2; ++i) f();
   std::vector<float> ms;
   for (int i = 0; i < reps; ++i) {
-    if (flush) cudaMemsetAsync(l2.p, i & 0xff, 256u << 20);
-    cudaEventRecord(a);
+    if (flush) cudaMemsetAsync(l2.p, i & 0xff, 256u << 20, st);
+    cudaEventRecord(a, st);
     f();
-    cudaEventRecord(b);
+    cudaEventRecord(b, st);
     cudaEventSynchronize(b);
     float t;
     cudaEventElapsedTime(&t, a, b);
@@ -112,8 +124,9 @@ void BM_ReadBandwidth(benchmark::State& st) {
   Dev<float4> buf(n);
   Dev<float> out(1);
   fill_random_bytes<<<grid(), 256>>>(reinterpret_cast<unsigned char*>(buf.p), bytes, 1);
+  KVARN_CUDA_CHECK(cudaDeviceSynchronize());
   for (auto _ : st) {
-    const double t = time_median([&] { read_kernel<<<grid(), 256>>>(buf.p, n, out.p); }, 20, false);
+    const double t = time_median([&] { read_kernel<<<grid(), 256, 0, bench_stream()>>>(buf.p, n, out.p); }, 20, false);
     st.SetIterationTime(t);
     st.counters["bytes_read"] = static_cast<double>(bytes);
     st.counters["TBps"] = bytes / t * 1e-12;
@@ -123,8 +136,9 @@ void BM_CopyBandwidth(benchmark::State& st) {
   const long long bytes = 2LL << 30, n = bytes / 16;
   Dev<float4> a(n), b(n);
   fill_random_bytes<<<grid(), 256>>>(reinterpret_cast<unsigned char*>(a.p), bytes, 2);
+  KVARN_CUDA_CHECK(cudaDeviceSynchronize());
   for (auto _ : st) {
-    const double t = time_median([&] { copy_kernel<<<grid(), 256>>>(a.p, b.p, n); }, 20, false);
+    const double t = time_median([&] { copy_kernel<<<grid(), 256, 0, bench_stream()>>>(a.p, b.p, n); }, 20, false);
     st.SetIterationTime(t);
     st.counters["bytes_moved"] = 2.0 * bytes;
     st.counters["TBps"] = 2.0 * bytes / t * 1e-12;
@@ -148,6 +162,7 @@ void BM_Store(benchmark::State& st, int kb, int vb) {
   Dev<unsigned char> rec(static_cast<std::size_t>(blocks) * heads * lay.aligned);
   fill_random_half<<<grid(), 256>>>(k.p, elems, 3);
   fill_random_half<<<grid(), 256>>>(v.p, elems, 4);
+  KVARN_CUDA_CHECK(cudaDeviceSynchronize());
   kvarn::cuda::StoreTiles t;
   t.k = reinterpret_cast<const std::uint16_t*>(k.p);
   t.v = reinterpret_cast<const std::uint16_t*>(v.p);
@@ -158,7 +173,7 @@ void BM_Store(benchmark::State& st, int kb, int vb) {
   t.block_stride = static_cast<long long>(g) * heads * d;
   t.records = rec.p;
   for (auto _ : st) {
-    const double s = time_median([&] { kvarn::cuda::kvarn_store(cfg, d, t); }, 5, false);
+    const double s = time_median([&] { kvarn::cuda::kvarn_store(cfg, d, t, bench_stream()); }, 5, false);
     st.SetIterationTime(s);
     st.counters["tiles"] = t.num_tiles;
     st.counters["tiles_per_s"] = t.num_tiles / s;
@@ -245,14 +260,24 @@ void BM_Decode(benchmark::State& st, DecodeCaseB c) {
   const double bytes = kv_bytes + qe * 2.0 * 2 + num_blocks * 4.0;
   const bool flush = bytes < 200e6;
   const int reps = bytes > 20e9 ? 7 : 25;
+  const cudaStream_t s = bench_stream();
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  KVARN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  kvarn::cuda::paged_decode(p, bf, s);
+  KVARN_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  KVARN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (auto _ : st) {
-    const double t = time_median([&] { kvarn::cuda::paged_decode(p, bf); }, reps, flush);
+    const double t = time_median([&] { cudaGraphLaunch(exec, s); }, reps, flush);
     st.SetIterationTime(t);
     st.counters["bytes_read"] = bytes;
     st.counters["TBps"] = bytes / t * 1e-12;
     st.counters["fp16_kv_bytes"] = static_cast<double>(c.batch) * c.hkv * c.ctx * d * 4.0;
     st.counters["splits"] = kvarn::cuda::decode_num_splits(p);
   }
+  KVARN_CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
 }
 
 }  // namespace

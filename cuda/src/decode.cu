@@ -1,4 +1,5 @@
-// Paged decode host entry: argument checks, split choice, kernel + combine launch.
+// Paged decode host entry: argument checks, split choice, split kernel + combine launch
+// (the combine is a programmatic dependent launch: its launch overlaps the split kernel's tail).
 #include <algorithm>
 #include <cmath>
 
@@ -8,20 +9,46 @@
 
 namespace kvarn::cuda {
 
+namespace {
+
+int sm_count() {
+  static const int sms = [] {
+    int n = 132, dev = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
+      return n;
+    (void)cudaGetLastError();
+    return 132;
+  }();
+  return sms;
+}
+
+KvFormat kernel_format(DecodeFormat f) {
+  return f == DecodeFormat::kKvarn ? KvFormat::kKvarn
+         : f == DecodeFormat::kFp16 ? KvFormat::kFp16
+                                    : KvFormat::kFp8;
+}
+
+long long record_bytes_of(const DecodeProblem& p) {
+  if (p.format != DecodeFormat::kKvarn) return 0;
+  return static_cast<long long>(kvarn_record_layout(p.head_dim, p.kvarn).aligned);
+}
+
+}  // namespace
+
+// One-warp CTAs: as many as fit on the device at once (shared memory bound, 228 KiB per SM,
+// 1 KiB reserved per CTA), split so that batch * Hkv * S fills that one wave, with at least two
+// blocks per split (each split writes D floats per head to the workspace).
 int decode_num_splits(const DecodeProblem& p) {
   if (p.num_splits > 0) return p.num_splits;
-  int sms = 132;
-  int dev = 0;
-  if (cudaGetDevice(&dev) == cudaSuccess) {
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  } else {
-    (void)cudaGetLastError();
-  }
-  const long long ctas = static_cast<long long>(p.batch) * p.num_kv_heads;
-  const long long target = 8LL * sms;  // about two waves of 4 CTAs per SM
-  long long s = (target + ctas - 1) / ctas;
-  s = std::min<long long>(s, std::max(1, (p.max_blocks + 1) / 2));
-  return static_cast<int>(std::max<long long>(1, std::min<long long>(s, 256)));
+  const int smem = detail::decode_smem_bytes(kernel_format(p.format), p.head_dim,
+                                             record_bytes_of(p));
+  const long long per_sm = std::clamp(233472 / (smem + 1024), 1, 32);
+  const long long slots = per_sm * sm_count();
+  const long long ctas = std::max(1LL, static_cast<long long>(p.batch) * p.num_kv_heads);
+  long long s = std::max(1LL, slots / ctas);
+  s = std::min<long long>(s, std::max(1, p.max_blocks / 2));
+  return static_cast<int>(std::clamp<long long>(s, 1, 1024));
 }
 
 std::size_t decode_workspace_bytes(const DecodeProblem& p) {
@@ -33,10 +60,11 @@ std::size_t decode_workspace_bytes(const DecodeProblem& p) {
 void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t stream) {
   KVARN_CHECK(p.num_kv_heads > 0 && p.num_q_heads % p.num_kv_heads == 0,
               "paged_decode: Hq ", p.num_q_heads, " not a multiple of Hkv ", p.num_kv_heads);
+  KVARN_CHECK(p.num_q_heads / p.num_kv_heads <= kDecodeHeads, "paged_decode: Hq / Hkv = ",
+              p.num_q_heads / p.num_kv_heads, " > ", kDecodeHeads);
   KVARN_CHECK(b.workspace != nullptr, "paged_decode: workspace required");
   if (p.batch == 0) return;
   const int splits = decode_num_splits(p);
-  const int qpk = p.num_q_heads / p.num_kv_heads;
   DecodeArgs a{};
   a.q = reinterpret_cast<const __half*>(b.q);
   a.block_table = b.block_table;
@@ -50,20 +78,22 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
   a.v_scale = b.v_scale;
   a.num_q_heads = p.num_q_heads;
   a.num_kv_heads = p.num_kv_heads;
-  a.qpk = qpk;
+  a.qpk = p.num_q_heads / p.num_kv_heads;
   a.num_splits = splits;
   const float sm = p.softmax_scale > 0 ? p.softmax_scale
                                        : static_cast<float>(1.0 / std::sqrt(double(p.head_dim)));
   a.qk_scale = sm * 1.4426950408889634f;
   a.o_part = static_cast<float*>(b.workspace);
   a.lse = a.o_part + static_cast<std::size_t>(p.batch) * p.num_q_heads * splits * p.head_dim;
-  detail::LaunchShape s{p.head_dim, p.block_size, qpk, splits, p.batch, p.num_kv_heads, 0};
+  detail::LaunchShape s{p.head_dim, p.block_size, splits, p.batch, p.num_kv_heads};
   if (p.format == DecodeFormat::kKvarn) {
     const KvarnConfig& c = p.kvarn;
     KVARN_CHECK(c.group == p.block_size, "paged_decode: block_size must equal the KVarN group");
     KVARN_CHECK(c.rotation == RotationKind::kHadamard || c.rotation == RotationKind::kNone,
                 "paged_decode: rotation not supported on the GPU");
     const KvarnRecordLayout lay = kvarn_record_layout(p.head_dim, c);
+    KVARN_CHECK(lay.aligned % 16 == 0 && lay.s_col_k % 32 == 0 && lay.v_codes % 32 == 0,
+                "paged_decode: record layout not 16/32-byte aligned");
     a.record_bytes = static_cast<long long>(lay.aligned);
     a.rot_scale = c.rotation == RotationKind::kHadamard
                       ? static_cast<float>(1.0 / std::sqrt(double(p.head_dim)))
@@ -76,7 +106,7 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
     a.s_col_v = static_cast<int>(lay.s_col_v);
     a.s_row_v = static_cast<int>(lay.s_row_v);
     a.zp_v = static_cast<int>(lay.zp_v);
-    s.record_bytes = a.record_bytes;
+    a.stage_bytes = detail::stage_bytes_for<KvFormat::kKvarn>(p.head_dim, a.record_bytes);
     if (!detail::launch_kvarn_k4(c.key_bits, c.value_bits, a, s, stream) &&
         !detail::launch_kvarn_other(c.key_bits, c.value_bits, a, s, stream)) {
       fail("paged_decode: KVarN k", c.key_bits, "v", c.value_bits,
@@ -84,15 +114,25 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
     }
   } else {
     a.rot_scale = 0.0f;
-    detail::launch_fp(p.format == DecodeFormat::kFp16 ? KvFormat::kFp16 : KvFormat::kFp8, a, s,
-                      stream);
+    const KvFormat f = kernel_format(p.format);
+    a.stage_bytes = f == KvFormat::kFp16 ? detail::stage_bytes_for<KvFormat::kFp16>(p.head_dim, 0)
+                                         : detail::stage_bytes_for<KvFormat::kFp8>(p.head_dim, 0);
+    detail::launch_fp(f, a, s, stream);
   }
-  const int rot_scale_bits = 0;
-  (void)rot_scale_bits;
   DISPATCH_HEAD_DIM(p.head_dim, kD, {
-    combine_kernel<kD><<<dim3(p.num_q_heads, p.batch), kD, 0, stream>>>(
-        a.o_part, a.lse, p.num_q_heads, splits, a.rot_scale, reinterpret_cast<__half*>(b.out));
-    KVARN_CUDA_CHECK_LAUNCH();
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(p.num_q_heads, p.batch);
+    cfg.blockDim = dim3(kD);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    KVARN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, combine_kernel<kD>,
+                                        static_cast<const float*>(a.o_part),
+                                        static_cast<const float*>(a.lse), p.num_q_heads, splits,
+                                        a.rot_scale, reinterpret_cast<__half*>(b.out)));
   })
 }
 

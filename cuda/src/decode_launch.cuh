@@ -2,31 +2,55 @@
 #ifndef KVARN_CUDA_SRC_DECODE_LAUNCH_CUH_
 #define KVARN_CUDA_SRC_DECODE_LAUNCH_CUH_
 
-#include <algorithm>
-
 #include "kvarn/cuda/decode.cuh"
 
 namespace kvarn::cuda::detail {
 
 struct LaunchShape {
-  int head_dim, group, qpk, num_splits, batch, num_kv_heads;
-  long long record_bytes;
+  int head_dim, group, num_splits, batch, num_kv_heads;
 };
+
+// Bytes of one pipeline stage and of the kernel's dynamic shared memory.
+inline int round128(long long x) { return static_cast<int>((x + 127) / 128 * 128); }
+template <KvFormat F>
+int stage_bytes_for(int head_dim, long long record_bytes) {
+  int row = 0;
+  DISPATCH_HEAD_DIM(head_dim, kD, { row = row_item_bytes<kD, F>(); })
+  if constexpr (F == KvFormat::kKvarn) return round128(record_bytes > row ? record_bytes : row);
+  return round128(row);
+}
+template <KvFormat F>
+constexpr int stages_for() {
+  return DecodeTraits<128, 128, F, 8, 8>::kStages;
+}
+inline int decode_smem_bytes(KvFormat f, int head_dim, long long record_bytes) {
+  switch (f) {
+    case KvFormat::kKvarn:
+      return 128 + stages_for<KvFormat::kKvarn>() *
+                       stage_bytes_for<KvFormat::kKvarn>(head_dim, record_bytes);
+    case KvFormat::kFp16:
+      return 128 + stages_for<KvFormat::kFp16>() *
+                       stage_bytes_for<KvFormat::kFp16>(head_dim, record_bytes);
+    default:
+      return 128 + stages_for<KvFormat::kFp8>() *
+                       stage_bytes_for<KvFormat::kFp8>(head_dim, record_bytes);
+  }
+}
 
 template <KvFormat F, int KB, int VB>
 void launch_decode(const DecodeArgs& a, const LaunchShape& s, cudaStream_t stream) {
   DISPATCH_HEAD_DIM(s.head_dim, kD, {
     DISPATCH_GROUP_DECODE(s.group, kG, {
-      DISPATCH_QPK(s.qpk, kQP, {
-        using T = DecodeTraits<kD, kG, KB, VB, kQP, F>;
-        const long long rec = F == KvFormat::kKvarn ? 2 * ((s.record_bytes + 15) / 16 * 16) : 0;
-        const long long smem = T::kFloatBytes + std::max<long long>(rec, T::kReduceBytes);
-        auto kernel = paged_decode_kernel<kD, kG, KB, VB, kQP, F>;
-        KVARN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(smem)));
-        kernel<<<dim3(s.num_splits, s.num_kv_heads, s.batch), kDecodeThreads, smem, stream>>>(a);
-        KVARN_CUDA_CHECK_LAUNCH();
-      })
+      const int smem = 128 + DecodeTraits<kD, kG, F, KB, VB>::kStages * a.stage_bytes;
+      auto kernel = paged_decode_kernel<kD, kG, F, KB, VB>;
+      static int smem_set = 0;  // per instantiation: raise the limit once (host-side cost)
+      if (smem > smem_set) {
+        KVARN_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        smem_set = smem;
+      }
+      kernel<<<dim3(s.num_splits, s.num_kv_heads, s.batch), 32, smem, stream>>>(a);
+      KVARN_CUDA_CHECK_LAUNCH();
     })
   })
 }

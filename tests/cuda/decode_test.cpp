@@ -259,7 +259,17 @@ std::vector<DecodeCase> decode_cases() {
   v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 9, 1500, 0, true});  // fp8 scales
   for (std::uint64_t seed = 2; seed < 5; ++seed)
     v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 1 + static_cast<int>(seed * 3), 1200, 0, false, seed});
+  v.push_back({F::kKvarn, 4, 2, 32, 128, 32, 8, 3, 500});    // G 32
+  v.push_back({F::kKvarn, 8, 8, 32, 64, 16, 4, 3, 300});     // 8-bit codes, G 32, D 64
+  v.push_back({F::kKvarn, 2, 2, 32, 64, 40, 8, 2, 400});     // 2-bit codes, qpk 5 (padded)
+  v.push_back({F::kKvarn, 3, 2, 64, 64, 16, 8, 3, 700});     // 3-bit keys, qpk 2
+  v.push_back({F::kKvarn, 4, 4, 128, 128, 64, 8, 2, 900, 0, true});  // qpk 8, fp8 scales
+  v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 2, 7000});  // long: many automatic splits
+  v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 1, 3000, 64});  // more splits than blocks/2
   for (F f : {F::kFp16, F::kFp8}) {
+    v.push_back({f, 8, 8, 32, 128, 32, 8, 3, 3000});   // page 32, long, auto splits
+    v.push_back({f, 8, 8, 128, 64, 40, 8, 2, 1000});   // qpk 5, D 64
+    v.push_back({f, 8, 8, 128, 128, 64, 8, 2, 5000, 40});
     v.push_back({f, 8, 8, 128, 128, 32, 8, 4, 900});
     v.push_back({f, 8, 8, 64, 128, 64, 8, 3, 700, 3});
     v.push_back({f, 8, 8, 64, 64, 12, 4, 5, 400});

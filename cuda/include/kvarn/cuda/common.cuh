@@ -1,8 +1,10 @@
 // Shared CUDA plumbing: error reporting, dispatch macros (runtime value -> template constant),
-// small device helpers (cp.async, code extraction).
+// small device helpers (cp.async, mma / ldmatrix / movmatrix, code unpacking).
 #ifndef KVARN_CUDA_COMMON_CUH_
 #define KVARN_CUDA_COMMON_CUH_
 
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -44,29 +46,14 @@
       ::kvarn::cuda::fail_unsupported("group/page", value, __FILE__, __LINE__); \
   }
 
-// Query heads per KV head, padded up to 4 or 8 (padding heads are zero queries, discarded).
-#define DISPATCH_QPK(value, NAME, ...)                           \
-  if ((value) <= 4) {                                            \
-    constexpr int NAME = 4;                                      \
-    __VA_ARGS__                                                  \
-  } else if ((value) <= 8) {                                     \
-    constexpr int NAME = 8;                                      \
-    __VA_ARGS__                                                  \
-  } else {                                                       \
-    ::kvarn::cuda::fail_unsupported("query heads per KV head", value, __FILE__, __LINE__); \
-  }
-
 namespace kvarn::cuda {
 
-// Asynchronous 16- or 8-byte global -> shared copies (sm_80+).
-template <int kBytes>
-__device__ __forceinline__ void cp_async(void* smem, const void* gmem) {
+// Asynchronous 16-byte global -> shared copy (sm_80+); valid == false zero-fills the 16 bytes
+// without reading global memory.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid = true) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  if constexpr (kBytes == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem));
-  }
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
@@ -74,15 +61,97 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-// Code j (0..7) of 8 consecutive codes packed upstream-style in the low 8/PACK bytes of w,
-// returned as an exact float through the 2^23 magic: one shift, one lop3, one fadd, no branch.
-template <int kBits, int kJ>
-__device__ __forceinline__ float code_to_float(std::uint64_t w) {
-  constexpr int kPack = 8 / kBits;
-  constexpr int kShift = 8 * (kJ / kPack) + (kJ % kPack) * kBits;
-  constexpr unsigned kMask = (1u << kBits) - 1u;
-  const unsigned c = static_cast<unsigned>(w >> kShift) & kMask;
-  return __uint_as_float(0x4B000000u | c) - 8388608.0f;
+// ---- warp-level tensor-core helpers (sm_80+, movmatrix sm_75+) ----
+// d += a * b, m16n8k16, fp16 inputs, fp32 accumulators. Fragment ownership (lane = 4 g + c):
+//   a[0] (row g, k 2c..2c+1)  a[1] (row g+8, k 2c..)  a[2] (row g, k 2c+8..)  a[3] (row g+8, k 2c+8..)
+//   b[0] (k 2c..2c+1, col g)  b[1] (k 2c+8.., col g)
+//   d[0], d[1] (row g, cols 2c, 2c+1)  d[2], d[3] (row g+8, cols 2c, 2c+1)
+__device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a)[4],
+                                          const std::uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i; r[i] holds
+// (row g, elements 2c, 2c+1) of matrix i.
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+// Transpose of an 8x8 b16 matrix held one half2 per lane (row g, cols 2c, 2c+1).
+__device__ __forceinline__ std::uint32_t movmatrix_trans(std::uint32_t x) {
+  std::uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+__device__ __forceinline__ std::uint32_t pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&h);
+}
+__device__ __forceinline__ float2 unpack_half2(std::uint32_t x) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&x));
+}
+// Two e4m3 bytes (low 16 bits of x) -> half2, exact.
+__device__ __forceinline__ std::uint32_t e4m3x2_to_half2(std::uint32_t x) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x & 0xffffu), __NV_E4M3);
+  return static_cast<std::uint32_t>(h.x) | (static_cast<std::uint32_t>(h.y) << 16);
+}
+// Codes of field f (kBits wide) in bytes 0 and 2 of x -> half2 of the exact small integers:
+// (x & mask) | 0x6400 is the fp16 1024 + c * 2^(f kBits) (magic exponent, one lop3), and one
+// hfma2 by 2^-(f kBits) with bias -1024 * 2^-(f kBits) leaves c exactly. No branches.
+template <int kBits, int kField>
+__device__ __forceinline__ std::uint32_t codes_to_half2(std::uint32_t x) {
+  constexpr std::uint32_t kMask = ((1u << kBits) - 1u) << (kField * kBits);
+  const std::uint32_t v = (x & (kMask | (kMask << 16))) | 0x64006400u;
+  // fp16 bit patterns of 2^-(f kBits) and -2^(10 - f kBits), as immediates (no conversions)
+  constexpr std::uint32_t kScale = (15u - kField * kBits) << 10;
+  constexpr std::uint32_t kBias = 0x8000u | ((25u - kField * kBits) << 10);
+  std::uint32_t r;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;\n"
+      : "=r"(r)
+      : "r"(v), "r"(kScale | (kScale << 16)), "r"(kBias | (kBias << 16)));
+  return r;
+}
+
+// kBytes (1, 2, 4, 8, 16 or 32; aligned) from shared memory into 32-bit words.
+template <int kBytes>
+__device__ __forceinline__ void lds_bytes(const unsigned char* p,
+                                          std::uint32_t (&w)[(kBytes + 3) / 4]) {
+  if constexpr (kBytes == 1) {
+    w[0] = *p;
+  } else if constexpr (kBytes == 2) {
+    w[0] = *reinterpret_cast<const unsigned short*>(p);
+  } else if constexpr (kBytes == 4) {
+    w[0] = *reinterpret_cast<const std::uint32_t*>(p);
+  } else if constexpr (kBytes == 8) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    w[0] = v.x;
+    w[1] = v.y;
+  } else {
+    static_assert(kBytes % 16 == 0, "lds_bytes");
+#pragma unroll
+    for (int i = 0; i < kBytes / 16; ++i) {
+      const uint4 v = reinterpret_cast<const uint4*>(p)[i];
+      w[4 * i] = v.x;
+      w[4 * i + 1] = v.y;
+      w[4 * i + 2] = v.z;
+      w[4 * i + 3] = v.w;
+    }
+  }
+}
+
+// Programmatic dependent launch (sm_90): the dependent grid may start once every CTA of this
+// grid called launch_dependents (or exited); it waits for the full results in grid_dep_wait.
+__device__ __forceinline__ void grid_dep_launch() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+__device__ __forceinline__ void grid_dep_wait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
 
 __device__ __forceinline__ float warp_max(float v, int width) {

@@ -1,4 +1,5 @@
-// Paged decode attention over a KVarN / FP16 / FP8 cache, split-K with a log-sum-exp combine.
+// Paged decode attention over a KVarN / FP16 / FP8 cache on tensor cores, split-K with a
+// log-sum-exp combine.
 //
 // Cache (one layer):
 //   block_table [batch, max_blocks] i32: physical block of logical block j of sequence b
@@ -10,21 +11,38 @@
 //   FP16:   k_pool/v_pool [num_blocks, Hkv, P, D] fp16 (page P = kernel's G), not rotated.
 //   FP8:    same with e4m3 bytes and per-KV-head float scales k_scale/v_scale [Hkv].
 //   query [batch, Hq, D] fp16, output [batch, Hq, D] fp16 (original frame);
-//   query head hq uses KV head hq / (Hq / Hkv).
+//   query head hq uses KV head hq / (Hq / Hkv), Hq / Hkv <= 8.
 // Workspace: o_part [batch, Hq, S, D] f32 (normalized by the split's l), lse [batch, Hq, S] f32
 //   (log2 domain, -inf for an empty split).
 //
-// Split kernel: grid (S, Hkv, batch), 128 threads; one CTA serves all QP query heads of its
-// KV head from one load of every tile. Split s covers logical blocks
-//   [s * ceil(nb / S), (s + 1) * ceil(nb / S)) of its sequence, nb = ceil(len / G).
-// Per block: (1) scores S[i][t] (KVarN record: thread per token, factorized
-//   S = s_row_k[t] * (sum_d (q[i][d] s_col_k[d]) code[d][t] + sum_d q[i][d] zp_k[d]);
-//   fp16 rows: 16-byte row loads, lanes split D, reduce-scatter over lanes);
-// (2) online softmax per head (warp per head, exp2 domain, m/l in shared memory);
-// (3) PV with thread (token group, 8 channels) accumulators in registers across blocks,
-//   KVarN factorized as s_col_v[d] * (sum_t (p s_row_v[t]) code[t][d] + sum_t p zp_v[t]).
-// Records are staged into shared memory with cp.async, double-buffered one block ahead.
-// Never writes K/V anywhere: fp16 K/V are not materialized.
+// Split kernel: grid (S, Hkv, batch), ONE warp per CTA (no block barriers; 4-8 CTAs per SM).
+// The warp serves the query-head group of its KV head (padded to N = 8 heads: the mma N
+// dimension) and logical blocks [s * ceil(nb / S), (s + 1) * ceil(nb / S)) of its sequence.
+// Work items stream through kStages shared-memory stages with cp.async (kStages - 1 ahead):
+//   record item: one whole KVarN record (G tokens), copied verbatim;
+//   row item:    kRowTok fp16 / e4m3 K rows then V rows of a pool block / page (rows padded to
+//                D * elem + 16 bytes; rows past the sequence are zero-filled).
+// Per item, on mma.sync m16n8k16 (fp16 in, fp32 accumulate), lane = 4 g + c:
+//   QK^T:  A = K [tokens (M) x channels (k)], B = q'^T [channels x 8 heads], C = S^T.
+//   PV:    A = V^T [channels (M) x tokens (k)], B = P'^T (the C fragment of S^T turned into a
+//          B fragment by movmatrix.trans), C = O^T [channels x 8 heads].
+//   KVarN records: scales are factored out of the products so the mma runs on raw codes,
+//     S[t,h] = s_row_k[t] * (kmax * sum_d q''[h,d] code_k[d,t] + sum_d q[h,d] zp_k[d]),
+//       q'' = q * s_col_k / kmax in fp16 (kmax = max |s_col_k| of the record);
+//     O[h,d] += s_col_v[d] * (vmax * sum_t p''[h,t] code_v[t,d] + sum_t p[h,t] zp_v[t]),
+//       p'' = p * s_row_v / vmax in fp16.
+//     Codes become fp16 with the 0x6400 magic exponent (codes_to_half2): K fragments pair two
+//     channel rows (prmt of the two rows' bytes), V fragments pair two token rows.
+//     Token order inside a record: M-tile m, row g + 8 e <-> token g * G / 8 + 2 m + e, so each
+//     lane reads G / 8 consecutive tokens of a channel row with one load.
+//   Row items: K fragments by ldmatrix (fp16) / ldmatrix + cvt.e4m3x2 (fp8); V fragments by
+//     16-byte loads of two token rows + prmt (+ cvt for fp8).
+//   Output channel ownership (all item kinds): O M-tile mt, row g + 8 e <-> channel
+//     g * D / 8 + 2 mt + e, heads 2c, 2c + 1.
+//   q' channel ownership (B fragment, k-step s, head g): KVarN / FP16: 16 s + 2c + {0, 1, 8, 9};
+//     FP8: 16 s + 4c + {0, 1, 2, 3} (the order ldmatrix yields for byte rows).
+// The query is rotated (FWHT in registers) and scaled into the exp2 domain once per CTA;
+// softmax statistics are online per head (exp2 domain). Never writes K/V anywhere.
 #ifndef KVARN_CUDA_DECODE_CUH_
 #define KVARN_CUDA_DECODE_CUH_
 
@@ -39,7 +57,7 @@ namespace kvarn::cuda {
 
 enum class KvFormat : int { kKvarn = 0, kFp16 = 1, kFp8 = 2 };
 
-constexpr int kDecodeThreads = 128;
+constexpr int kDecodeHeads = 8;  // mma N: query heads per KV head, padded
 
 struct DecodeArgs {
   const __half* q;
@@ -54,6 +72,7 @@ struct DecodeArgs {
   const float* k_scale;
   const float* v_scale;
   int num_q_heads, num_kv_heads, qpk, num_splits;
+  int stage_bytes;  // bytes of one pipeline stage (multiple of 128)
   float qk_scale;   // softmax scale * log2(e)
   float rot_scale;  // 0: no rotation; else Hadamard 1/sqrt(D)
   int fp8_scales;
@@ -62,112 +81,122 @@ struct DecodeArgs {
   float* lse;
 };
 
-template <int D, int G, int KB, int VB, int QP, KvFormat F>
+template <int D, int G, KvFormat F, int KB, int VB>
 struct DecodeTraits {
-  static constexpr int kCols = D / 8;                  // 8-channel columns
-  static constexpr int kTGroups = kDecodeThreads / kCols;
-  static constexpr int kParts = kDecodeThreads / G;    // record K phase: threads per token
-  static constexpr int kDPerPart = D / kParts;
+  static constexpr int kKSteps = D / 16;  // QK k-steps == PV M-tiles
+  static constexpr int kElem = F == KvFormat::kFp8 ? 1 : 2;
+  static constexpr int kRowTok = F == KvFormat::kKvarn ? 16 : 32;  // tokens per row item
+  static constexpr int kRowMT = kRowTok / 16;
+  static constexpr int kRowBytes = D * kElem;
+  static constexpr int kRowStride = kRowBytes + 16;  // conflict-free ldmatrix / LDS.128
+  static constexpr int kRowItemBytes = 2 * kRowTok * kRowStride;
+  static constexpr int kStages = F == KvFormat::kKvarn ? 2 : F == KvFormat::kFp16 ? 3 : 4;
+  // KVarN record geometry
+  static constexpr int kMT = G / 16;  // QK M-tiles == PV k-steps
   static constexpr int kPackK = 8 / KB, kPackV = 8 / VB;
-  static constexpr int kRowBytesK = G / kPackK, kRowBytesV = D / kPackV;
-  static constexpr int kWordV = 8 / kPackV;            // bytes of 8 V codes
-  static_assert(kCols <= 32 && kDecodeThreads % kCols == 0, "head_dim");
-  static_assert(kParts >= 1 && D % kParts == 0, "group");
-  // shared memory (floats): q[QP][D], qs[D][QP], sc[kParts][QP][G], p[G][QP], stats
-  static constexpr int kQ = 0, kQs = kQ + QP * D, kSc = kQs + D * QP, kP = kSc + kParts * QP * G;
-  static constexpr int kM = kP + G * QP, kL = kM + QP, kAlpha = kL + QP, kPz = kAlpha + QP,
-                       kQz = kPz + QP, kRed = kQz + QP, kFloats = kRed + 4 * QP;
-  static constexpr int kFloatBytes = (kFloats * 4 + 15) / 16 * 16;
-  static constexpr int kReduceBytes = kTGroups * QP * D * 4;
+  static constexpr int kKRow = G / kPackK;       // bytes of one K channel row
+  static constexpr int kKThr = G / 8 / kPackK;   // bytes of it one lane reads
+  static constexpr int kVRow = D / kPackV;       // bytes of one V token row
+  static constexpr int kVThr = D / 8 / kPackV;   // bytes of it one lane reads
+  static constexpr int kTokThr = G / 8;          // record tokens owned by a lane group g
+  static_assert(D % 32 == 0 && G % 16 == 0, "shape");
+  static_assert(F != KvFormat::kKvarn || (G / 8) % kPackK == 0, "K code packing");
 };
 
-// ---- helpers ----
-__device__ __forceinline__ float ld_scale(const std::uint8_t* p, int idx, int fp8) {
-  if (fp8) {
-    __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(p[idx]), __NV_E4M3);
-    return __half2float(__half(h));
-  }
-  return __half2float(reinterpret_cast<const __half*>(p)[idx]);
+// Host-visible stage size for a format (KVarN: max(record, row item)).
+template <int D, KvFormat F>
+constexpr int row_item_bytes() {
+  return DecodeTraits<D, 32, F, 8, 8>::kRowItemBytes;
 }
 
-// 8 consecutive fp16 (16 B) or e4m3 (8 B) values -> float
-template <KvFormat F>
-__device__ __forceinline__ void load8(const void* base, long long elem, float (&v)[8]) {
-  if constexpr (F == KvFormat::kFp8) {
-    const uint2 w = __ldg(reinterpret_cast<const uint2*>(static_cast<const std::uint8_t*>(base) + elem));
-    const unsigned u[2] = {w.x, w.y};
+namespace detail {
+
+// Scales (fp16 or e4m3) of N consecutive entries starting at p (N * scale bytes aligned).
+template <int N>
+__device__ __forceinline__ void load_scales(const unsigned char* p, int fp8, float (&out)[N]) {
+  if (fp8) {
+    std::uint32_t w[(N + 3) / 4];
+    lds_bytes<N>(p, w);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
-          static_cast<__nv_fp8x2_storage_t>((u[k / 2] >> (16 * (k % 2))) & 0xffffu), __NV_E4M3);
-      float2 f = __half22float2(__half2(h));
-      v[2 * k] = f.x;
-      v[2 * k + 1] = f.y;
+    for (int i = 0; i < N; i += 2) {
+      const float2 f = unpack_half2(e4m3x2_to_half2(w[i / 4] >> (8 * (i % 4))));
+      out[i] = f.x;
+      if (i + 1 < N) out[i + 1] = f.y;
     }
   } else {
-    const uint4 w = __ldg(reinterpret_cast<const uint4*>(static_cast<const __half*>(base) + elem));
-    const unsigned u[4] = {w.x, w.y, w.z, w.w};
+    std::uint32_t w[(2 * N + 3) / 4];
+    lds_bytes<2 * N>(p, w);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u[k]));
-      v[2 * k] = f.x;
-      v[2 * k + 1] = f.y;
+    for (int i = 0; i < N; i += 2) {
+      const float2 f = unpack_half2(w[i / 2]);
+      out[i] = f.x;
+      if (i + 1 < N) out[i + 1] = f.y;
     }
   }
 }
-
-// Reduce-scatter of QP partial sums across kW adjacent lanes: returns the full sum of head
-// *head in lanes whose low bits (below the remaining width) are zero (*writer).
-template <int QP, int kW>
-__device__ __forceinline__ float reduce_scatter(float (&v)[QP], int lane, int* head, bool* writer) {
-  int h = 0;
-  int n = QP;
-  int off = kW / 2;
-#pragma unroll
-  for (int step = 0; step < 5; ++step) {
-    if (n > 1 && off >= 1) {
-      const bool upper = (lane & off) != 0;
-#pragma unroll
-      for (int k = 0; k < QP / 2; ++k) {
-        if (k < n / 2) {
-          const float send = upper ? v[k] : v[k + n / 2];
-          const float keep = upper ? v[k + n / 2] : v[k];
-          v[k] = keep + __shfl_xor_sync(0xffffffffu, send, off);
-        }
-      }
-      if (upper) h += n / 2;
-      n /= 2;
-      off /= 2;
-    }
-  }
-  float s = v[0];
-  int rem = off;
-  for (; off >= 1; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
-  *head = h;
-  *writer = (lane & (2 * rem - 1)) == 0 || rem == 0;
-  return s;
+// Two consecutive scales at element index i (i even).
+__device__ __forceinline__ float2 load_scale_pair(const unsigned char* p, int i, int fp8) {
+  if (fp8) return unpack_half2(e4m3x2_to_half2(*reinterpret_cast<const unsigned short*>(p + i)));
+  return unpack_half2(*reinterpret_cast<const std::uint32_t*>(p + 2 * i));
 }
 
-template <int D, int G, int KB, int VB, int QP, KvFormat F>
-__global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(DecodeArgs a) {
-  using T = DecodeTraits<D, G, KB, VB, QP, F>;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  float* sf = reinterpret_cast<float*>(smem_raw);
-  float* q_s = sf + T::kQ;
-  float* qs_s = sf + T::kQs;
-  float* sc_s = sf + T::kSc;
-  float* p_s = sf + T::kP;
-  float* m_s = sf + T::kM;
-  float* l_s = sf + T::kL;
-  float* alpha_s = sf + T::kAlpha;
-  float* pz_s = sf + T::kPz;
-  float* qz_s = sf + T::kQz;
-  float* red_s = sf + T::kRed;
-  unsigned char* rec_s = smem_raw + T::kFloatBytes;
-  const long long rec_stride = (a.record_bytes + 15) / 16 * 16;
+// prmt selector (an immediate): byte k of a -> byte 0, byte k of b -> byte 2.
+__host__ __device__ constexpr std::uint32_t pair_sel(int k) {
+  return static_cast<std::uint32_t>(k | (k << 4) | ((4 + k) << 8) | ((4 + k) << 12));
+}
 
+// Online softmax over one item's scores sc[m][*] (heads 2c: [0], [2]; 2c + 1: [1], [3]).
+// Replaces scores by p = exp2(s - m_new); returns the rescale factors of O.
+template <int MT>
+__device__ __forceinline__ void online_softmax(float (&sc)[MT][4], float (&m)[2], float (&l)[2],
+                                               float (&alpha)[2]) {
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    mx[0] = fmaxf(mx[0], fmaxf(sc[i][0], sc[i][2]));
+    mx[1] = fmaxf(mx[1], fmaxf(sc[i][1], sc[i][3]));
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], o));
+    const float mn = fmaxf(m[k], mx[k]);
+    const float base = mn == -INFINITY ? 0.0f : mn;
+    alpha[k] = exp2f(m[k] - base);
+    m[k] = mn;
+    mx[k] = base;
+  }
+  float ls[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      sc[i][r] = exp2f(sc[i][r] - mx[r & 1]);
+      ls[r & 1] += sc[i][r];
+    }
+  l[0] = l[0] * alpha[0] + ls[0];
+  l[1] = l[1] * alpha[1] + ls[1];
+}
+
+// Channel of q' element e (0..3) of k-step s for lane column c (see the header comment).
+template <KvFormat F>
+__device__ __forceinline__ int q_channel(int s, int c, int e) {
+  if constexpr (F == KvFormat::kFp8) return 16 * s + 4 * c + e;
+  return 16 * s + 2 * c + (e & 1) + 8 * (e >> 1);
+}
+
+}  // namespace detail
+
+template <int D, int G, KvFormat F, int KB, int VB>
+__global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
+  using T = DecodeTraits<D, G, F, KB, VB>;
+  constexpr int KS = T::kKSteps;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  int4* desc = reinterpret_cast<int4*>(smem_raw);  // [kStages] {record?, -, -, valid rows}
+  unsigned char* stages = smem_raw + 128;
+
+  const int lane = threadIdx.x, g = lane >> 2, c = lane & 3;
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int len = a.seq_lens[b];
   const int nb = (len + G - 1) / G;
   const int bps = (nb + a.num_splits - 1) / a.num_splits;
@@ -175,324 +204,451 @@ __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(DecodeArgs
   const int j_end = min(nb, j_begin + bps);
   const int* table = a.block_table + static_cast<long long>(b) * a.max_blocks;
 
-  // ---- query: load, rotate (FWHT * rot_scale), scale into the exp2 domain ----
-  for (int i = tid; i < QP * D; i += kDecodeThreads) {
-    const int hi = i / D, d = i % D;
-    q_s[i] = hi < a.qpk ? __half2float(a.q[(static_cast<long long>(b) * a.num_q_heads +
-                                            h * a.qpk + hi) * D + d])
-                        : 0.0f;
-  }
-  if (tid < QP) {
-    m_s[tid] = -INFINITY;
-    l_s[tid] = 0.0f;
-  }
-  __syncthreads();
-  if (a.rot_scale != 0.0f) {
-    for (int hs = 1; hs < D; hs <<= 1) {
-      for (int p = tid; p < QP * D / 2; p += kDecodeThreads) {
-        const int row = p / (D / 2), qq = p % (D / 2);
-        const int j = row * D + (qq / hs) * 2 * hs + qq % hs;
-        const float u = q_s[j], w = q_s[j + hs];
-        q_s[j] = u + w;
-        q_s[j + hs] = u - w;
-      }
-      __syncthreads();
-    }
-  }
+  // ---- query fragment: head g, channels q_channel(s, c, e); rotate; scale ----
+  float qf[KS][4];
   {
-    const float s = (a.rot_scale != 0.0f ? a.rot_scale : 1.0f) * a.qk_scale;
-    for (int i = tid; i < QP * D; i += kDecodeThreads) q_s[i] *= s;
+    const bool live = g < a.qpk;
+    const __half* qrow = a.q + (static_cast<long long>(b) * a.num_q_heads + h * a.qpk + g) * D;
+#pragma unroll
+    for (int s = 0; s < KS; ++s)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        float2 v = make_float2(0.0f, 0.0f);
+        if (live)
+          v = __half22float2(
+              *reinterpret_cast<const __half2*>(qrow + detail::q_channel<F>(s, c, e)));
+        qf[s][e] = v.x;
+        qf[s][e + 1] = v.y;
+      }
+    if constexpr (F != KvFormat::kFp8) {
+      if (a.rot_scale != 0.0f) {  // FWHT over the channel bits: e0 | c | e1 | s
+#pragma unroll
+        for (int s = 0; s < KS; ++s)
+#pragma unroll
+          for (int e = 0; e < 4; e += 2) {
+            const float u = qf[s][e], w = qf[s][e + 1];
+            qf[s][e] = u + w;
+            qf[s][e + 1] = u - w;
+          }
+#pragma unroll
+        for (int bit = 1; bit <= 2; bit <<= 1) {
+          const bool upper = (c & bit) != 0;
+#pragma unroll
+          for (int s = 0; s < KS; ++s)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float w = __shfl_xor_sync(0xffffffffu, qf[s][e], bit);
+              qf[s][e] = upper ? w - qf[s][e] : qf[s][e] + w;
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < KS; ++s)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float u = qf[s][e], w = qf[s][e + 2];
+            qf[s][e] = u + w;
+            qf[s][e + 2] = u - w;
+          }
+#pragma unroll
+        for (int hs = 1; hs < KS; hs <<= 1)
+#pragma unroll
+          for (int s = 0; s < KS; ++s)
+            if ((s & hs) == 0)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const float u = qf[s][e], w = qf[s + hs][e];
+                qf[s][e] = u + w;
+                qf[s + hs][e] = u - w;
+              }
+      }
+    }
+    float scale = (a.rot_scale != 0.0f ? a.rot_scale : 1.0f) * a.qk_scale;
+    if constexpr (F == KvFormat::kFp8) scale *= a.k_scale[h];
+#pragma unroll
+    for (int s = 0; s < KS; ++s)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) qf[s][e] *= scale;
   }
-  __syncthreads();
-
-  const int col = tid % T::kCols, tg = tid / T::kCols;
-  float acc[8][QP];
+  std::uint32_t qb[KS][2];  // fp16 B fragments of the (scaled) query for row items
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
-#pragma unroll
-    for (int i = 0; i < QP; ++i) acc[j][i] = 0.0f;
+  for (int s = 0; s < KS; ++s) {
+    qb[s][0] = pack_half2(qf[s][0], qf[s][1]);
+    qb[s][1] = pack_half2(qf[s][2], qf[s][3]);
+  }
 
-  auto is_record = [&](int j, int* phys, int* slot) {
-    *phys = table[j];
-    if constexpr (F == KvFormat::kKvarn) {
-      *slot = a.block_to_slot[*phys];
-      return *slot < 0;
-    } else {
-      *slot = *phys;
-      return false;
-    }
-  };
-  auto prefetch = [&](int j) {
-    if constexpr (F == KvFormat::kKvarn) {
-      int phys, slot;
-      if (j < j_end && is_record(j, &phys, &slot)) {
-        const unsigned char* src =
-            a.records + (static_cast<long long>(phys) * a.num_kv_heads + h) * a.record_bytes;
-        unsigned char* dst = rec_s + (j & 1) * rec_stride;
-        if ((a.record_bytes & 15) == 0) {
-          for (long long o = tid * 16; o < a.record_bytes; o += kDecodeThreads * 16)
-            cp_async<16>(dst + o, src + o);
+  float o[KS][4];
+#pragma unroll
+  for (int i = 0; i < KS; ++i)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) o[i][r] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+  // ---- producer: block metadata window (lane i holds block win_base + i) ----
+  int win_base = -1000000, win = 0;
+  auto block_meta = [&](int j) {  // KVarN: record -> phys >= 0, pool -> -(slot + 1)
+    if (j - win_base >= 32) {
+      win_base = j;
+      const int jj = j + lane;
+      win = 0;
+      if (jj < j_end) {
+        const int phys = table[jj];
+        if constexpr (F == KvFormat::kKvarn) {
+          const int slot = a.block_to_slot[phys];
+          win = slot >= 0 ? -(slot + 1) : phys;
         } else {
-          for (long long o = tid * 8; o < a.record_bytes; o += kDecodeThreads * 8)
-            cp_async<8>(dst + o, src + o);
+          win = -(phys + 1);
         }
       }
     }
+    return __shfl_sync(0xffffffffu, win, j - win_base);
+  };
+  int pj = j_begin, pc = 0;  // next block / row chunk to issue
+  auto issue = [&](int stage) {
+    const int meta = block_meta(pj);
+    unsigned char* dst = stages + stage * a.stage_bytes;
+    const int n_valid = min(G, len - pj * G);
+    int4 d;
+    if (F == KvFormat::kKvarn && meta >= 0) {
+      const unsigned char* src =
+          a.records + (static_cast<long long>(meta) * a.num_kv_heads + h) * a.record_bytes;
+      for (int o16 = lane * 16; o16 < a.record_bytes; o16 += 32 * 16)
+        cp_async16(dst + o16, src + o16);
+      d = make_int4(1, pj, 0, n_valid);
+      ++pj;
+    } else {
+      const int slot = -(meta + 1), row0 = pc * T::kRowTok;
+      const int n = min(T::kRowTok, n_valid - row0);
+      const long long off =
+          ((static_cast<long long>(slot) * a.num_kv_heads + h) * G + row0) * T::kRowBytes;
+      const unsigned char* kb = static_cast<const unsigned char*>(a.k_pool) + off;
+      const unsigned char* vb = static_cast<const unsigned char*>(a.v_pool) + off;
+      constexpr int kCpr = T::kRowBytes / 16;
+#pragma unroll 4
+      for (int i = lane; i < 2 * T::kRowTok * kCpr; i += 32) {
+        const int kv = i / (T::kRowTok * kCpr), r = (i / kCpr) % T::kRowTok, q16 = i % kCpr;
+        const bool valid = r < n;
+        const unsigned char* src = (kv ? vb : kb) + (valid ? r * T::kRowBytes + q16 * 16 : 0);
+        cp_async16(dst + (kv * T::kRowTok + r) * T::kRowStride + q16 * 16, src, valid);
+      }
+      d = make_int4(0, pj, row0, n);
+      if (row0 + T::kRowTok >= n_valid) {
+        ++pj;
+        pc = 0;
+      } else {
+        ++pc;
+      }
+    }
+    if (lane == 0) desc[stage] = d;
+  };
+
+
+  // ---------------- KVarN record item ----------------
+  auto process_record = [&](const unsigned char* rec, int n_valid) {
+    if constexpr (F == KvFormat::kKvarn) {
+      // q'' = q * s_col_k / kmax (fp16 B fragments); qz = sum_d q zp_k for head g
+      float sk[KS][4];
+      float kmax = 0.0f, qz = 0.0f;
+#pragma unroll
+      for (int s = 0; s < KS; ++s)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int ch = detail::q_channel<F>(s, c, e);
+          const float2 sc2 = detail::load_scale_pair(rec + a.s_col_k, ch, a.fp8_scales);
+          const float2 zp2 = unpack_half2(*reinterpret_cast<const std::uint32_t*>(rec + a.zp_k + 2 * ch));
+          sk[s][e] = sc2.x;
+          sk[s][e + 1] = sc2.y;
+          kmax = fmaxf(kmax, fmaxf(fabsf(sc2.x), fabsf(sc2.y)));
+          qz += qf[s][e] * zp2.x + qf[s][e + 1] * zp2.y;
+        }
+      kmax = fmaxf(kmax, __shfl_xor_sync(0xffffffffu, kmax, 1));
+      kmax = fmaxf(kmax, __shfl_xor_sync(0xffffffffu, kmax, 2));
+      qz += __shfl_xor_sync(0xffffffffu, qz, 1);
+      qz += __shfl_xor_sync(0xffffffffu, qz, 2);
+      const float kinv = kmax > 0.0f ? 1.0f / kmax : 0.0f;
+      std::uint32_t kb[KS][2];
+#pragma unroll
+      for (int s = 0; s < KS; ++s) {
+        kb[s][0] = pack_half2(qf[s][0] * (sk[s][0] * kinv), qf[s][1] * (sk[s][1] * kinv));
+        kb[s][1] = pack_half2(qf[s][2] * (sk[s][2] * kinv), qf[s][3] * (sk[s][3] * kinv));
+      }
+      const float qz_h[2] = {__shfl_sync(0xffffffffu, qz, 8 * c),
+                             __shfl_sync(0xffffffffu, qz, 8 * c + 4)};
+
+      // S^T = K codes x q'': lane reads channel rows 16 s + 2c + {0, 1, 8, 9}
+      float sc[T::kMT][4];
+#pragma unroll
+      for (int m = 0; m < T::kMT; ++m)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) sc[m][r] = 0.0f;
+      const unsigned char* kc = rec + g * T::kKThr;
+#pragma unroll
+      for (int s = 0; s < KS; ++s) {
+        const int r0 = 16 * s + 2 * c;
+        std::uint32_t w0[(T::kKThr + 3) / 4], w1[(T::kKThr + 3) / 4], w2[(T::kKThr + 3) / 4],
+            w3[(T::kKThr + 3) / 4];
+        lds_bytes<T::kKThr>(kc + r0 * T::kKRow, w0);
+        lds_bytes<T::kKThr>(kc + (r0 + 1) * T::kKRow, w1);
+        lds_bytes<T::kKThr>(kc + (r0 + 8) * T::kKRow, w2);
+        lds_bytes<T::kKThr>(kc + (r0 + 9) * T::kKRow, w3);
+#pragma unroll
+        for (int m = 0; m < T::kMT; ++m) {
+          std::uint32_t af[4];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int i = 2 * m + e, j = i / T::kPackK;
+            const std::uint32_t x0 = __byte_perm(w0[j / 4], w1[j / 4], detail::pair_sel(j % 4));
+            const std::uint32_t x1 = __byte_perm(w2[j / 4], w3[j / 4], detail::pair_sel(j % 4));
+            if (i % T::kPackK == 0) {
+              af[e] = codes_to_half2<KB, 0>(x0);
+              af[2 + e] = codes_to_half2<KB, 0>(x1);
+            } else if (i % T::kPackK == 1) {
+              af[e] = codes_to_half2<KB, 1>(x0);
+              af[2 + e] = codes_to_half2<KB, 1>(x1);
+            } else if (i % T::kPackK == 2) {
+              af[e] = codes_to_half2<KB, 2>(x0);
+              af[2 + e] = codes_to_half2<KB, 2>(x1);
+            } else {
+              af[e] = codes_to_half2<KB, 3>(x0);
+              af[2 + e] = codes_to_half2<KB, 3>(x1);
+            }
+          }
+          mma_16816(sc[m], af, kb[s]);
+        }
+      }
+      // scores: token g * G / 8 + 2 m + e
+      float sr[T::kTokThr];
+      detail::load_scales<T::kTokThr>(rec + a.s_row_k + g * T::kTokThr * (a.fp8_scales ? 1 : 2),
+                                      a.fp8_scales, sr);
+      const int tok0 = g * T::kTokThr;
+#pragma unroll
+      for (int m = 0; m < T::kMT; ++m)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int t = 2 * m + (r >> 1);
+          const float s = sr[t] * (kmax * sc[m][r] + qz_h[r & 1]);
+          sc[m][r] = tok0 + t < n_valid ? s : -INFINITY;
+        }
+      float alpha[2];
+      detail::online_softmax<T::kMT>(sc, m_run, l_run, alpha);
+
+      // P'' = p * s_row_v / vmax; pz = sum_t p zp_v
+      float sv[T::kTokThr], zv[T::kTokThr];
+      detail::load_scales<T::kTokThr>(rec + a.s_row_v + g * T::kTokThr * (a.fp8_scales ? 1 : 2),
+                                      a.fp8_scales, sv);
+      detail::load_scales<T::kTokThr>(rec + a.zp_v + g * T::kTokThr * 2, 0, zv);
+      float vmax = 0.0f;
+#pragma unroll
+      for (int t = 0; t < T::kTokThr; ++t) vmax = fmaxf(vmax, fabsf(sv[t]));
+#pragma unroll
+      for (int o2 = 4; o2 < 32; o2 <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o2));
+      const float vinv = vmax > 0.0f ? 1.0f / vmax : 0.0f;
+      float pz[2] = {0.0f, 0.0f};
+      std::uint32_t pb[T::kMT][2];
+#pragma unroll
+      for (int m = 0; m < T::kMT; ++m) {
+        const float s0 = sv[2 * m] * vinv, s1 = sv[2 * m + 1] * vinv;
+        pz[0] += sc[m][0] * zv[2 * m] + sc[m][2] * zv[2 * m + 1];
+        pz[1] += sc[m][1] * zv[2 * m] + sc[m][3] * zv[2 * m + 1];
+        pb[m][0] = movmatrix_trans(pack_half2(sc[m][0] * s0, sc[m][1] * s0));
+        pb[m][1] = movmatrix_trans(pack_half2(sc[m][2] * s1, sc[m][3] * s1));
+      }
+#pragma unroll
+      for (int o2 = 4; o2 < 32; o2 <<= 1) {
+        pz[0] += __shfl_xor_sync(0xffffffffu, pz[0], o2);
+        pz[1] += __shfl_xor_sync(0xffffffffu, pz[1], o2);
+      }
+
+      // O^T tile = V codes^T x P'': k-step m pairs token rows t0 = 2c G/8 + 2m and t0 + G/8
+      float co[KS][4];
+#pragma unroll
+      for (int i = 0; i < KS; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) co[i][r] = 0.0f;
+      const unsigned char* vc = rec + a.v_codes + g * T::kVThr;
+#pragma unroll
+      for (int m = 0; m < T::kMT; ++m) {
+        const int t0 = 2 * c * T::kTokThr + 2 * m, t1 = t0 + T::kTokThr;
+        std::uint32_t u0[(T::kVThr + 3) / 4], u1[(T::kVThr + 3) / 4], u2[(T::kVThr + 3) / 4],
+            u3[(T::kVThr + 3) / 4];
+        lds_bytes<T::kVThr>(vc + t0 * T::kVRow, u0);
+        lds_bytes<T::kVThr>(vc + t1 * T::kVRow, u1);
+        lds_bytes<T::kVThr>(vc + (t0 + 1) * T::kVRow, u2);
+        lds_bytes<T::kVThr>(vc + (t1 + 1) * T::kVRow, u3);
+#pragma unroll
+        for (int mt = 0; mt < KS; ++mt) {
+          std::uint32_t af[4];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int i = 2 * mt + e, j = i / T::kPackV;
+            const std::uint32_t x0 = __byte_perm(u0[j / 4], u1[j / 4], detail::pair_sel(j % 4));
+            const std::uint32_t x1 = __byte_perm(u2[j / 4], u3[j / 4], detail::pair_sel(j % 4));
+            if (i % T::kPackV == 0) {
+              af[e] = codes_to_half2<VB, 0>(x0);
+              af[2 + e] = codes_to_half2<VB, 0>(x1);
+            } else if (i % T::kPackV == 1) {
+              af[e] = codes_to_half2<VB, 1>(x0);
+              af[2 + e] = codes_to_half2<VB, 1>(x1);
+            } else if (i % T::kPackV == 2) {
+              af[e] = codes_to_half2<VB, 2>(x0);
+              af[2 + e] = codes_to_half2<VB, 2>(x1);
+            } else {
+              af[e] = codes_to_half2<VB, 3>(x0);
+              af[2 + e] = codes_to_half2<VB, 3>(x1);
+            }
+          }
+          mma_16816(co[mt], af, pb[m]);
+        }
+      }
+      float scv[D / 8];
+      detail::load_scales<D / 8>(rec + a.s_col_v + g * (D / 8) * (a.fp8_scales ? 1 : 2),
+                                 a.fp8_scales, scv);
+#pragma unroll
+      for (int mt = 0; mt < KS; ++mt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const float s = scv[2 * mt + (r >> 1)];
+          o[mt][r] = o[mt][r] * alpha[r & 1] + s * (vmax * co[mt][r] + pz[r & 1]);
+        }
+    }
+  };
+
+  // ---------------- fp16 / e4m3 row item ----------------
+  auto process_rows = [&](const unsigned char* st, int n) {
+    const unsigned char* ks = st;
+    const unsigned char* vs = st + T::kRowTok * T::kRowStride;
+    float sc[T::kRowMT][4];
+#pragma unroll
+    for (int m = 0; m < T::kRowMT; ++m) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) sc[m][r] = 0.0f;
+      const unsigned char* krow =
+          ks + (16 * m + (lane & 7) + ((lane >> 3) & 1) * 8) * T::kRowStride + (lane >> 4) * 16;
+      if constexpr (F == KvFormat::kFp8) {
+#pragma unroll
+        for (int s2 = 0; s2 < KS / 2; ++s2) {
+          std::uint32_t r4[4];
+          ldmatrix_x4(r4, krow + s2 * 32);
+          const std::uint32_t a0[4] = {e4m3x2_to_half2(r4[0]), e4m3x2_to_half2(r4[1]),
+                                       e4m3x2_to_half2(r4[0] >> 16), e4m3x2_to_half2(r4[1] >> 16)};
+          const std::uint32_t a1[4] = {e4m3x2_to_half2(r4[2]), e4m3x2_to_half2(r4[3]),
+                                       e4m3x2_to_half2(r4[2] >> 16), e4m3x2_to_half2(r4[3] >> 16)};
+          mma_16816(sc[m], a0, qb[2 * s2]);
+          mma_16816(sc[m], a1, qb[2 * s2 + 1]);
+        }
+      } else {
+#pragma unroll
+        for (int s = 0; s < KS; ++s) {
+          std::uint32_t af[4];
+          ldmatrix_x4(af, krow + s * 32);
+          // ldmatrix order: (rows 0-7, k 0-7) (rows 8-15, k 0-7) (rows 0-7, k 8-15) (8-15, 8-15)
+          mma_16816(sc[m], af, qb[s]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        if (16 * m + g + 8 * (r >> 1) >= n) sc[m][r] = -INFINITY;
+    }
+    float alpha[2];
+    detail::online_softmax<T::kRowMT>(sc, m_run, l_run, alpha);
+#pragma unroll
+    for (int mt = 0; mt < KS; ++mt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) o[mt][r] *= alpha[r & 1];
+#pragma unroll
+    for (int m = 0; m < T::kRowMT; ++m) {
+      std::uint32_t pb[2] = {movmatrix_trans(pack_half2(sc[m][0], sc[m][1])),
+                             movmatrix_trans(pack_half2(sc[m][2], sc[m][3]))};
+      // V rows 16 m + 2c + {0, 1, 8, 9}; lane g reads channels g D/8 .. g D/8 + D/8 - 1
+      const unsigned char* vrow = vs + (16 * m + 2 * c) * T::kRowStride + g * (D / 8) * T::kElem;
+      constexpr int kB = D / 8 * T::kElem;
+      std::uint32_t u0[kB / 4], u1[kB / 4], u2[kB / 4], u3[kB / 4];
+      lds_bytes<kB>(vrow, u0);
+      lds_bytes<kB>(vrow + T::kRowStride, u1);
+      lds_bytes<kB>(vrow + 8 * T::kRowStride, u2);
+      lds_bytes<kB>(vrow + 9 * T::kRowStride, u3);
+#pragma unroll
+      for (int mt = 0; mt < KS; ++mt) {
+        std::uint32_t af[4];
+        if constexpr (F == KvFormat::kFp8) {
+          const int q = 2 * (mt % 2);
+          const std::uint32_t sel = q | ((4 + q) << 4) | ((q + 1) << 8) | ((5 + q) << 12);
+          const std::uint32_t x0 = __byte_perm(u0[mt / 2], u1[mt / 2], sel);
+          const std::uint32_t x1 = __byte_perm(u2[mt / 2], u3[mt / 2], sel);
+          af[0] = e4m3x2_to_half2(x0);
+          af[1] = e4m3x2_to_half2(x0 >> 16);
+          af[2] = e4m3x2_to_half2(x1);
+          af[3] = e4m3x2_to_half2(x1 >> 16);
+        } else {
+          af[0] = __byte_perm(u0[mt], u1[mt], 0x5410);
+          af[1] = __byte_perm(u0[mt], u1[mt], 0x7632);
+          af[2] = __byte_perm(u2[mt], u3[mt], 0x5410);
+          af[3] = __byte_perm(u2[mt], u3[mt], 0x7632);
+        }
+        mma_16816(o[mt], af, pb);
+      }
+    }
+  };
+
+  // ---------------- pipeline ----------------
+  int issued = 0;
+#pragma unroll
+  for (int i = 0; i < T::kStages - 1; ++i) {
+    if (pj < j_end) issue(issued++ % T::kStages);
     cp_async_commit();
-  };
-
-  prefetch(j_begin);
-  for (int j = j_begin; j < j_end; ++j) {
-    prefetch(j + 1);
-    cp_async_wait<1>();
-    __syncthreads();
-    int phys, slot;
-    const bool record = is_record(j, &phys, &slot);
-    const int n_valid = min(G, len - j * G);
-    const unsigned char* rec = rec_s + (j & 1) * rec_stride;
-
-    // ---------------- (1) scores ----------------
-    if (record) {
-      float qz[QP];
-#pragma unroll
-      for (int i = 0; i < QP; ++i) qz[i] = 0.0f;
-      for (int d = tid; d < D; d += kDecodeThreads) {
-        const float s = ld_scale(rec + a.s_col_k, d, a.fp8_scales);
-        const float z = __half2float(reinterpret_cast<const __half*>(rec + a.zp_k)[d]);
-#pragma unroll
-        for (int i = 0; i < QP; ++i) {
-          const float qv = q_s[i * D + d];
-          qs_s[d * QP + i] = qv * s;
-          qz[i] += qv * z;
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < QP; ++i) {
-        const float v = warp_sum(qz[i], 32);
-        if (lane == 0) red_s[warp * QP + i] = v;
-      }
-      __syncthreads();
-      if (tid < QP) qz_s[tid] = red_s[tid] + red_s[QP + tid] + red_s[2 * QP + tid] + red_s[3 * QP + tid];
-      {
-        const int t = tid % G, part = tid / G;
-        const unsigned char* codes = rec + t / T::kPackK;
-        const int shift = (t % T::kPackK) * KB;
-        constexpr unsigned kMask = (1u << KB) - 1u;
-        float s[QP];
-#pragma unroll
-        for (int i = 0; i < QP; ++i) s[i] = 0.0f;
-        const int d0 = part * T::kDPerPart;
-#pragma unroll 8
-        for (int d = d0; d < d0 + T::kDPerPart; ++d) {
-          const unsigned c = (static_cast<unsigned>(codes[d * T::kRowBytesK]) >> shift) & kMask;
-          const float cf = __uint_as_float(0x4B000000u | c) - 8388608.0f;
-          const float4* qv = reinterpret_cast<const float4*>(qs_s + d * QP);
-#pragma unroll
-          for (int i4 = 0; i4 < QP / 4; ++i4) {
-            const float4 w = qv[i4];
-            s[4 * i4 + 0] += w.x * cf;
-            s[4 * i4 + 1] += w.y * cf;
-            s[4 * i4 + 2] += w.z * cf;
-            s[4 * i4 + 3] += w.w * cf;
-          }
-        }
-#pragma unroll
-        for (int i = 0; i < QP; ++i) sc_s[(part * QP + i) * G + t] = s[i];
-      }
+  }
+  for (int it = 0; it < issued; ++it) {
+    cp_async_wait<T::kStages - 2>();
+    __syncwarp();
+    if (pj < j_end) issue(issued++ % T::kStages);
+    cp_async_commit();
+    const int stage = it % T::kStages;
+    const int4 d = desc[stage];
+    const unsigned char* st = stages + stage * a.stage_bytes;
+    if (F == KvFormat::kKvarn && d.x) {
+      process_record(st, d.w);
     } else {
-      const void* kbase = a.k_pool;
-      const long long base = ((static_cast<long long>(slot) * a.num_kv_heads + h) * G) * D;
-      float qr[QP][8];
-#pragma unroll
-      for (int i = 0; i < QP; ++i)
-#pragma unroll
-        for (int k = 0; k < 8; ++k) qr[i][k] = q_s[i * D + col * 8 + k];
-#pragma unroll 2
-      for (int t = tg; t < G; t += T::kTGroups) {
-        float kv[8];
-        if (t < n_valid) {
-          load8<F == KvFormat::kFp8 ? KvFormat::kFp8 : KvFormat::kFp16>(
-              kbase, base + static_cast<long long>(t) * D + col * 8, kv);
-        } else {
-#pragma unroll
-          for (int k = 0; k < 8; ++k) kv[k] = 0.0f;
-        }
-        float s[QP];
-#pragma unroll
-        for (int i = 0; i < QP; ++i) {
-          s[i] = 0.0f;
-#pragma unroll
-          for (int k = 0; k < 8; ++k) s[i] += qr[i][k] * kv[k];
-        }
-        int head;
-        bool writer;
-        const float tot = reduce_scatter<QP, T::kCols>(s, lane % T::kCols, &head, &writer);
-        if (writer) sc_s[head * G + t] = tot;
-      }
+      process_rows(st, d.w);
     }
-    __syncthreads();
-
-    // ---------------- (2) online softmax, warp per head ----------------
-    for (int i = warp; i < QP; i += kDecodeThreads / 32) {
-      float sv[(G + 31) / 32];
-      float mt = -INFINITY;
-      const float ks = F == KvFormat::kFp8 ? a.k_scale[h] : 1.0f;
-#pragma unroll
-      for (int k = 0; k < (G + 31) / 32; ++k) {
-        const int t = lane + 32 * k;
-        float s = -INFINITY;
-        if (t < n_valid) {
-          if (record) {
-            float acc_s = qz_s[i];
-#pragma unroll
-            for (int part = 0; part < T::kParts; ++part) acc_s += sc_s[(part * QP + i) * G + t];
-            s = ld_scale(rec + a.s_row_k, t, a.fp8_scales) * acc_s;
-          } else {
-            s = sc_s[i * G + t] * ks;
-          }
-        }
-        sv[k] = s;
-        mt = fmaxf(mt, s);
-      }
-      mt = warp_max(mt, 32);
-      const float m_old = m_s[i];
-      const float m_new = fmaxf(m_old, mt);
-      const float alpha = exp2f(m_old - m_new);
-      float lsum = 0.0f, pz = 0.0f;
-      const float vs = F == KvFormat::kFp8 ? a.v_scale[h] : 1.0f;
-#pragma unroll
-      for (int k = 0; k < (G + 31) / 32; ++k) {
-        const int t = lane + 32 * k;
-        if (t < G) {
-          const float p = exp2f(sv[k] - m_new);
-          lsum += p;
-          float pv = p * vs;
-          if (record) {
-            pz += p * __half2float(reinterpret_cast<const __half*>(rec + a.zp_v)[t]);
-            pv = p * ld_scale(rec + a.s_row_v, t, a.fp8_scales);
-          }
-          p_s[t * QP + i] = pv;
-        }
-      }
-      lsum = warp_sum(lsum, 32);
-      pz = warp_sum(pz, 32);
-      if (lane == 0) {
-        m_s[i] = m_new;
-        l_s[i] = l_s[i] * alpha + lsum;
-        alpha_s[i] = alpha;
-        pz_s[i] = pz;
-      }
-    }
-    __syncthreads();
-
-    // ---------------- (3) PV ----------------
-    float al[QP];
-#pragma unroll
-    for (int i = 0; i < QP; ++i) al[i] = alpha_s[i];
-    if (record) {
-      float at[8][QP];
-#pragma unroll
-      for (int k = 0; k < 8; ++k)
-#pragma unroll
-        for (int i = 0; i < QP; ++i) at[k][i] = 0.0f;
-      const unsigned char* vc = rec + a.v_codes + col * T::kWordV;
-#pragma unroll 2
-      for (int t = tg; t < G; t += T::kTGroups) {
-        std::uint64_t w;
-        if constexpr (T::kWordV == 8) {
-          w = *reinterpret_cast<const std::uint64_t*>(vc + t * T::kRowBytesV);
-        } else if constexpr (T::kWordV == 4) {
-          w = *reinterpret_cast<const std::uint32_t*>(vc + t * T::kRowBytesV);
-        } else if constexpr (T::kWordV == 2) {
-          w = *reinterpret_cast<const std::uint16_t*>(vc + t * T::kRowBytesV);
-        } else {
-          w = vc[t * T::kRowBytesV];
-        }
-        float cf[8];
-        cf[0] = code_to_float<VB, 0>(w);
-        cf[1] = code_to_float<VB, 1>(w);
-        cf[2] = code_to_float<VB, 2>(w);
-        cf[3] = code_to_float<VB, 3>(w);
-        cf[4] = code_to_float<VB, 4>(w);
-        cf[5] = code_to_float<VB, 5>(w);
-        cf[6] = code_to_float<VB, 6>(w);
-        cf[7] = code_to_float<VB, 7>(w);
-        const float4* pv = reinterpret_cast<const float4*>(p_s + t * QP);
-#pragma unroll
-        for (int i4 = 0; i4 < QP / 4; ++i4) {
-          const float4 pw = pv[i4];
-#pragma unroll
-          for (int k = 0; k < 8; ++k) {
-            at[k][4 * i4 + 0] += pw.x * cf[k];
-            at[k][4 * i4 + 1] += pw.y * cf[k];
-            at[k][4 * i4 + 2] += pw.z * cf[k];
-            at[k][4 * i4 + 3] += pw.w * cf[k];
-          }
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const float sv = ld_scale(rec + a.s_col_v, col * 8 + k, a.fp8_scales);
-#pragma unroll
-        for (int i = 0; i < QP; ++i)
-          acc[k][i] = acc[k][i] * al[i] + sv * (at[k][i] + (tg == 0 ? pz_s[i] : 0.0f));
-      }
-    } else {
-#pragma unroll
-      for (int k = 0; k < 8; ++k)
-#pragma unroll
-        for (int i = 0; i < QP; ++i) acc[k][i] *= al[i];
-      const long long base = ((static_cast<long long>(slot) * a.num_kv_heads + h) * G) * D;
-#pragma unroll 2
-      for (int t = tg; t < n_valid; t += T::kTGroups) {
-        float vv[8];
-        load8<F == KvFormat::kFp8 ? KvFormat::kFp8 : KvFormat::kFp16>(
-            a.v_pool, base + static_cast<long long>(t) * D + col * 8, vv);
-        const float4* pv = reinterpret_cast<const float4*>(p_s + t * QP);
-#pragma unroll
-        for (int i4 = 0; i4 < QP / 4; ++i4) {
-          const float4 pw = pv[i4];
-#pragma unroll
-          for (int k = 0; k < 8; ++k) {
-            acc[k][4 * i4 + 0] += pw.x * vv[k];
-            acc[k][4 * i4 + 1] += pw.y * vv[k];
-            acc[k][4 * i4 + 2] += pw.z * vv[k];
-            acc[k][4 * i4 + 3] += pw.w * vv[k];
-          }
-        }
-      }
-    }
-    __syncthreads();  // buffers (rec, p_s, sc_s) are reused by the next block
+    __syncwarp();
   }
   cp_async_wait<0>();
-  __syncthreads();
 
-  // ---- reduce the token groups, write the split's normalized output and lse ----
-  float* red = reinterpret_cast<float*>(rec_s);  // [kTGroups][QP][D]
+  // ---- write the split's normalized output and lse (heads 2c, 2c + 1) ----
 #pragma unroll
-  for (int k = 0; k < 8; ++k)
+  for (int k = 0; k < 2; ++k)
 #pragma unroll
-    for (int i = 0; i < QP; ++i) red[(tg * QP + i) * D + col * 8 + k] = acc[k][i];
-  __syncthreads();
-  for (int idx = tid; idx < QP * D; idx += kDecodeThreads) {
-    const int i = idx / D, d = idx % D;
-    if (i >= a.qpk) continue;
-    float s = 0.0f;
-    for (int g = 0; g < T::kTGroups; ++g) s += red[(g * QP + i) * D + d];
-    const float l = l_s[i];
-    const long long row = static_cast<long long>(b) * a.num_q_heads + h * a.qpk + i;
-    a.o_part[(row * a.num_splits + split) * D + d] = l > 0.0f ? s / l : 0.0f;
-    if (d == 0) a.lse[row * a.num_splits + split] = l > 0.0f ? m_s[i] + log2f(l) : -INFINITY;
+    for (int o2 = 4; o2 < 32; o2 <<= 1) l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], o2);
+  const float vscale = F == KvFormat::kFp8 ? a.v_scale[h] : 1.0f;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int head = 2 * c + k;
+    if (head >= a.qpk) continue;
+    const long long row = static_cast<long long>(b) * a.num_q_heads + h * a.qpk + head;
+    const float l = l_run[k];
+    const float inv = l > 0.0f ? vscale / l : 0.0f;
+    float* dst = a.o_part + (row * a.num_splits + split) * D + g * (D / 8);
+#pragma unroll
+    for (int i = 0; i < D / 8; i += 4) {
+      float4 v;
+      v.x = o[i / 2][k] * inv;
+      v.y = o[i / 2][2 + k] * inv;
+      v.z = o[i / 2 + 1][k] * inv;
+      v.w = o[i / 2 + 1][2 + k] * inv;
+      *reinterpret_cast<float4*>(dst + i) = v;
+    }
+    if (g == 0) a.lse[row * a.num_splits + split] = l > 0.0f ? m_run[k] + log2f(l) : -INFINITY;
   }
+  grid_dep_launch();
 }
 
 // Combine the splits (log-sum-exp in the exp2 domain), un-rotate, write fp16.
-// grid (Hq, batch), D threads.
+// grid (Hq, batch), D threads; launched as a programmatic dependent of the split kernel.
 template <int D>
 __global__ void __launch_bounds__(D) combine_kernel(const float* o_part, const float* lse,
                                                     int num_q_heads, int num_splits,
                                                     float rot_scale, __half* out) {
   __shared__ float x[D];
+  grid_dep_wait();
   const long long row = static_cast<long long>(blockIdx.y) * num_q_heads + blockIdx.x;
   const int d = threadIdx.x;
   float mx = -INFINITY;
