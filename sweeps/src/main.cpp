@@ -13,11 +13,17 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   kvarn::add_methods_command(app);
   kvarn::add_quantize_command(app);
+  kvarn::add_sweep_command(app);
+  kvarn::add_validate_command(app);
+  kvarn::add_compare_command(app);
+  kvarn::add_merge_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;  // usage errors are bad input too
+  } catch (const kvarn::CommandExit& e) {
+    return e.code;
   } catch (const kvarn::Error& e) {
     std::cerr << "kvarn-eval: error: " << e.what() << "\n";
     return 2;

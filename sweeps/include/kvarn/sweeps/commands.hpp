@@ -8,12 +8,26 @@
 
 namespace kvarn {
 
+// Thrown by a subcommand that must end with a specific exit code that is not an error (e.g.
+// `compare` reports a regression with 1); main() returns the code, destructors run first.
+struct CommandExit {
+  int code;
+};
+
 inline constexpr const char* kKvarnEvalVersion = "0.1.0";
 
 // `kvarn-eval methods`: every registered method with its exact storage accounting.
 void add_methods_command(CLI::App& app);
 // `kvarn-eval quantize`: runs a method over a tile file and writes the stored fields.
 void add_quantize_command(CLI::App& app);
+// `kvarn-eval sweep`: runs a sweep config into its resumable run directory (docs/results.md).
+void add_sweep_command(CLI::App& app);
+// `kvarn-eval validate`: resolves a sweep config and prints cases and a cost estimate.
+void add_validate_command(CLI::App& app);
+// `kvarn-eval compare`: regression compare of two runs (exit 1 on a regression).
+void add_compare_command(CLI::App& app);
+// `kvarn-eval merge`: combines shard run directories.
+void add_merge_command(CLI::App& app);
 
 // The command line as one string (for provenance records); set by main().
 void set_command_line(int argc, char** argv);

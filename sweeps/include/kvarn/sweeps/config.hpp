@@ -1,0 +1,99 @@
+// Sweep configs (YAML, schema version 1; every key is documented in docs/config-schema.md).
+//
+// load_config() parses the file, applies `--set key.path=value` overrides, validates every key
+// (unknown keys with the nearest valid one, types, files, empty grids, method specs through the
+// registry) and resolves the case list. Any problem is one kvarn::Error of the form
+//   configs/x.yaml:12:5: key 'metrics.atention': unknown key (nearest: attention)
+// and nothing runs. The resolved config is canonical JSON; its SHA-256 names the run directory.
+#ifndef KVARN_SWEEPS_CONFIG_HPP_
+#define KVARN_SWEEPS_CONFIG_HPP_
+
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvarn {
+
+inline constexpr int kConfigSchemaVersion = 1;
+
+// One HDF5 tile file (kvarn-tiles v1).
+struct TilesSource {
+  std::string path;                // as written in the config
+  std::filesystem::path resolved;  // where it was found
+  std::string name;                // short label used in results ("sample")
+  std::string fingerprint;         // file_fingerprint()
+  int head_dim = 0;
+};
+
+struct DataSelection {
+  std::vector<TilesSource> tiles;
+  std::optional<std::vector<int>> sequences, layers, kv_heads;  // nullopt: all
+  int max_tokens = 0;                                           // 0: every token
+  std::string source = "tiles";                                 // "tiles" or "fallback"
+};
+
+// One resolved case: a method the registry builds.
+struct CaseSpec {
+  int index = 0;
+  std::string id;     // "c003-1a2b3c4d": index + first 8 hex of sha256(spec)
+  std::string input;  // as written (a preset name, a spec, or the spec a grid produced)
+  std::string name;   // Method::name()
+  std::string spec;   // Method::spec(), canonical; cases are deduplicated on it
+  std::string family;
+  double bits_per_element = 0;  // at the first tile file's head_dim
+};
+
+struct MetricsSelection {
+  bool reconstruction = true;
+  bool attention = true;
+  std::vector<double> outlier_percents = {0.1, 1.0, 5.0};
+  std::vector<int> topk = {1, 8, 32};
+  bool arrays = true;  // per-position / per-channel arrays in arrays/<case>.h5
+};
+
+struct SweepConfig {
+  std::filesystem::path config_path;  // as given on the command line
+  std::string config_text;            // the file as read
+  std::vector<std::string> sets;      // --set overrides, in order
+
+  int version = kConfigSchemaVersion;
+  std::string name, description;
+  DataSelection data;
+  std::vector<CaseSpec> cases;
+  MetricsSelection metrics;
+  bool accumulation = false;
+  std::string throughput_results;  // "" when none
+  std::filesystem::path throughput_resolved;
+  std::int64_t seed = 0;
+  std::string output = "runs";
+  bool report = true;
+
+  std::vector<std::string> notices;  // printed by validate and sweep (fallback data, skips)
+  nlohmann::json resolved;           // canonical resolved config (what resolved.json holds)
+  std::string hash;                  // sha256_hex(resolved.dump())
+};
+
+// Throws kvarn::Error (file:line:col: key 'a.b': message) on any problem.
+SweepConfig load_config(const std::filesystem::path& path,
+                        const std::vector<std::string>& sets = {});
+
+// Rough cost model for `validate`: token-slabs x per-token constants per metric family.
+struct SweepEstimate {
+  std::int64_t slabs = 0;   // (tiles, sequence, layer, KV head) per case
+  std::int64_t tokens = 0;  // tokens over those slabs, per case
+  double seconds = 0;       // whole sweep, one core
+  double bytes = 0;         // run directory
+};
+SweepEstimate estimate_sweep(const SweepConfig& cfg);
+
+// Resolves a relative path: CWD, then the config's directory, then its parent (the repo root for
+// configs/). Returns "" when not found.
+std::filesystem::path resolve_input_path(const std::string& path,
+                                         const std::filesystem::path& config_path);
+
+}  // namespace kvarn
+
+#endif  // KVARN_SWEEPS_CONFIG_HPP_

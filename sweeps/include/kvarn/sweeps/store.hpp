@@ -1,0 +1,76 @@
+// The result store of a sweep (docs/results.md): one run directory per resolved config, holding
+//   config.yaml  resolved.json  provenance.json  provenance/<digest>.json  [shard.json]
+//   cases/<case_id>.json  arrays/<case_id>.h5  summary.jsonl  summary.csv  [throughput.json]
+// Every file is written atomically (temporary sibling + rename). A case is finished exactly when
+// cases/<case_id>.json exists and validates; summaries are regenerated from cases/ in case order,
+// so they are always consistent with it and identical for identical results.
+#ifndef KVARN_SWEEPS_STORE_HPP_
+#define KVARN_SWEEPS_STORE_HPP_
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace kvarn {
+
+inline constexpr const char* kCaseFormat = "kvarn-sweep-case";
+inline constexpr int kCaseFormatVersion = 1;
+inline constexpr const char* kArraysFormat = "kvarn-sweep-arrays";
+inline constexpr int kArraysFormatVersion = 1;
+
+// Columns of summary.jsonl / summary.csv, in order.
+const std::vector<std::string>& summary_columns();
+
+// Hash identifying a resolved config (sha256 of its canonical dump).
+std::string resolved_hash(const nlohmann::json& resolved);
+nlohmann::json read_json_file(const std::filesystem::path& path);
+
+class RunStore {
+ public:
+  explicit RunStore(std::filesystem::path dir) : dir_(std::move(dir)) {}
+  const std::filesystem::path& dir() const { return dir_; }
+  std::filesystem::path case_path(const std::string& id) const;
+  std::filesystem::path arrays_path(const std::string& id) const;
+
+  // Creates the layout, or checks that an existing run holds the same resolved config.
+  void init(const nlohmann::json& resolved, const std::string& config_text) const;
+  nlohmann::json resolved() const;
+  // Removes temporaries of interrupted writes (call while holding the run lock). Returns count.
+  int remove_stale_temporaries() const;
+  // True when the case's record exists, parses, names this id and spec and its arrays exist.
+  bool case_done(const std::string& id, const std::string& spec, bool arrays) const;
+  void write_case(const nlohmann::json& record) const;
+  // Regenerates summary.jsonl and summary.csv from every finished case, in case order.
+  // Returns the number of finished cases.
+  int write_summaries() const;
+
+ private:
+  std::filesystem::path dir_;
+};
+
+// Exclusive advisory lock on a run directory (flock; released on exit, also on SIGKILL).
+class RunLock {
+ public:
+  explicit RunLock(const std::filesystem::path& dir);
+  ~RunLock();
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Summary text of finished case records (in the order given).
+std::string summary_jsonl(const std::vector<nlohmann::json>& records);
+std::string summary_csv(const std::vector<nlohmann::json>& records);
+
+// Combines shard run directories into `out` (created, or an existing run of the same config):
+// copies finished cases and arrays, then regenerates the summaries. Throws when the shards hold
+// different resolved configs. Returns {finished cases, total cases}.
+std::pair<int, int> merge_runs(const std::filesystem::path& out,
+                               const std::vector<std::filesystem::path>& shards);
+
+}  // namespace kvarn
+
+#endif  // KVARN_SWEEPS_STORE_HPP_

@@ -1,0 +1,644 @@
+// Sweep engine: compute cases (eval's metrics over every selected slab), pool them into tidy
+// summary rows, write each case atomically, resume, shard, and run the report at the end.
+#include "kvarn/sweeps/engine.hpp"
+
+#include <H5Cpp.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <set>
+#include <tuple>
+
+#include "kvarn/core/kvarn.hpp"
+#include "kvarn/core/registry.hpp"
+#include "kvarn/data/atomic_file.hpp"
+#include "kvarn/data/error.hpp"
+#include "kvarn/data/h5_io.hpp"
+#include "kvarn/data/tile_file.hpp"
+#include "kvarn/eval/attention.hpp"
+#include "kvarn/eval/metrics.hpp"
+#include "kvarn/eval/tile_metrics.hpp"
+#include "kvarn/sweeps/progress.hpp"
+#include "kvarn/sweeps/provenance.hpp"
+#include "kvarn/sweeps/store.hpp"
+
+#ifndef KVARN_SOURCE_ROOT
+#define KVARN_SOURCE_ROOT ""
+#endif
+
+namespace kvarn {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr int kAll = -1;  // layer/head value of pooled rows ("all")
+
+std::string two_digits(const char* prefix, int i) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%s%02d", prefix, i);
+  return buf;
+}
+
+std::string percent_label(double p) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%gpct", p);
+  return buf;
+}
+
+// Drops the long per-token / per-position vectors from eval's JSON: they go to arrays/*.h5.
+void strip_vectors(json& j) {
+  if (j.is_object()) {
+    for (const char* k : {"nmse_per_channel", "nmse_per_token", "positions"}) j.erase(k);
+    for (auto& [k, v] : j.items()) strip_vectors(v);
+  } else if (j.is_array()) {
+    for (json& v : j) strip_vectors(v);
+  }
+}
+
+// Pools end-to-end reconstruction (and KVarN stages) of one stream over slabs: sums of squares
+// pooled (NMSE = Σerr/Σref via eval's safe_nmse), cosines row-weighted, maxima max-ed.
+struct ReconPool {
+  double err = 0, ref = 0, q_err = 0, q_ref = 0, cos_sum = 0, cos_min = 1, max_abs = 0;
+  double mag = 0, dir = 0;
+  std::int64_t rows = 0, elems = 0, q_rows = 0;
+  int stage_tiles = 0;
+  std::array<double, 4> st_err{}, st_ref{};
+  double imb_raw = 0, imb_rot = 0, imb_norm = 0, best_iter = 0;
+
+  void add(const StreamEndToEnd& s) {
+    const ReconstructionMetrics& a = s.all_tokens;
+    err += a.sum_sq_err;
+    ref += a.sum_sq_ref;
+    rows += a.rows;
+    elems += a.rows * a.cols;
+    cos_sum += a.mean_cos * static_cast<double>(a.rows);
+    cos_min = std::min(cos_min, a.min_cos);
+    max_abs = std::max(max_abs, a.max_abs);
+    mag += a.magnitude_err;
+    dir += a.direction_err;
+    q_err += s.quantized_only.sum_sq_err;
+    q_ref += s.quantized_only.sum_sq_ref;
+    q_rows += s.quantized_only.rows;
+  }
+  void add(const KvarnStreamStageMetrics& m, int tiles) {
+    const ReconstructionMetrics* st[4] = {&m.rotation, &m.quant_normalized, &m.quant_rotated,
+                                          &m.end_to_end};
+    for (int i = 0; i < 4; ++i) {
+      st_err[i] += st[i]->sum_sq_err;
+      st_ref[i] += st[i]->sum_sq_ref;
+    }
+    imb_raw += m.imbalance_raw * tiles;
+    imb_rot += m.imbalance_rotated * tiles;
+    imb_norm += m.imbalance_normalized * tiles;
+    best_iter += m.mean_best_iter * tiles;
+    stage_tiles += tiles;
+  }
+  std::vector<std::pair<std::string, double>> metrics() const {
+    const double nmse = safe_nmse(err, ref);
+    std::vector<std::pair<std::string, double>> m = {
+        {"end_to_end.nmse", nmse},
+        {"end_to_end.snr_db", snr_db_from_nmse(nmse)},
+        {"end_to_end.mse", elems > 0 ? err / static_cast<double>(elems) : 0.0},
+        {"end_to_end.cos_mean", rows > 0 ? cos_sum / static_cast<double>(rows) : 1.0},
+        {"end_to_end.cos_min", cos_min},
+        {"end_to_end.max_abs", max_abs},
+        {"end_to_end.magnitude_share", mag + dir > 0 ? mag / (mag + dir) : 0.0}};
+    if (q_rows > 0) m.emplace_back("quantized_only.nmse", safe_nmse(q_err, q_ref));
+    if (stage_tiles > 0) {
+      const char* names[4] = {"stage.rotation.nmse", "stage.quant_normalized.nmse",
+                              "stage.quant_rotated.nmse", "stage.end_to_end.nmse"};
+      for (int i = 0; i < 4; ++i) m.emplace_back(names[i], safe_nmse(st_err[i], st_ref[i]));
+      m.emplace_back("stage.imbalance_raw", imb_raw / stage_tiles);
+      m.emplace_back("stage.imbalance_rotated", imb_rot / stage_tiles);
+      m.emplace_back("stage.imbalance_normalized", imb_norm / stage_tiles);
+      m.emplace_back("stage.best_iter_mean", best_iter / stage_tiles);
+    }
+    return m;
+  }
+};
+
+// Pools attention summaries over (head, position) samples: count-weighted means, max of kl_max.
+struct AttentionPool {
+  std::int64_t count = 0;
+  double logit_mae = 0, logit_rmse = 0, kl = 0, kl_max = 0, js = 0, output_nmse = 0;
+  std::vector<double> topk;
+  std::map<double, std::pair<double, double>> outliers;  // percent -> (kl, k_err_share) sums
+  std::int64_t outlier_weight = 0;
+
+  void add(const AttentionSummary& s) {
+    const double w = static_cast<double>(s.count);
+    count += s.count;
+    logit_mae += s.logit_mae * w;
+    logit_rmse += s.logit_rmse * w;
+    kl += s.kl * w;
+    js += s.js * w;
+    output_nmse += s.output_nmse * w;
+    kl_max = std::max(kl_max, s.kl_max);
+    topk.resize(s.topk_overlap.size(), 0.0);
+    for (std::size_t i = 0; i < s.topk_overlap.size(); ++i) topk[i] += s.topk_overlap[i] * w;
+  }
+  void add_outliers(const AttentionReport& r) {
+    const double w = static_cast<double>(r.summary.count);
+    for (const OutlierImportance& o : r.outliers) {
+      outliers[o.percent].first += o.kl * w;
+      outliers[o.percent].second += o.k_err_share * w;
+    }
+    outlier_weight += r.summary.count;
+  }
+  std::vector<std::pair<std::string, double>> metrics(const std::vector<int>& ks) const {
+    const double w = count > 0 ? static_cast<double>(count) : 1.0;
+    std::vector<std::pair<std::string, double>> m = {{"kl.mean", kl / w},
+                                                     {"kl.max", kl_max},
+                                                     {"js.mean", js / w},
+                                                     {"logit_mae", logit_mae / w},
+                                                     {"logit_rmse", logit_rmse / w},
+                                                     {"output_nmse", output_nmse / w}};
+    for (std::size_t i = 0; i < topk.size() && i < ks.size(); ++i) {
+      m.emplace_back("topk_overlap." + std::to_string(ks[i]), topk[i] / w);
+    }
+    const double ow = outlier_weight > 0 ? static_cast<double>(outlier_weight) : 1.0;
+    for (const auto& [p, v] : outliers) {
+      m.emplace_back("outlier_kl." + percent_label(p), v.first / ow);
+      m.emplace_back("outlier_k_err_share." + percent_label(p), v.second / ow);
+    }
+    return m;
+  }
+};
+
+using PoolKey = std::tuple<int, int>;  // (model layer or kAll, head or kAll)
+
+void write_doubles(H5::Group& g, const std::string& name, const std::vector<double>& v) {
+  h5::write_dataset(g, name, H5::PredType::IEEE_F64LE, H5::PredType::NATIVE_DOUBLE,
+                    {static_cast<hsize_t>(v.size())}, v.data());
+}
+
+void write_matrix(H5::Group& g, const std::string& name, const std::vector<double>& v,
+                  std::size_t rows, std::size_t cols) {
+  h5::write_dataset(g, name, H5::PredType::IEEE_F64LE, H5::PredType::NATIVE_DOUBLE,
+                    {static_cast<hsize_t>(rows), static_cast<hsize_t>(cols)}, v.data());
+}
+
+H5::Group child_group(H5::Group& parent, const std::string& name) {
+  if (parent.nameExists(name)) return parent.openGroup(name);
+  return parent.createGroup(name);
+}
+
+std::vector<int> selected(const std::optional<std::vector<int>>& sel, int n) {
+  if (sel) return *sel;
+  std::vector<int> all(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) all[static_cast<std::size_t>(i)] = i;
+  return all;
+}
+
+std::string shell_quote(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                        "0123456789_-./=:,+@") == std::string::npos) {
+    return s;
+  }
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// One data file's part of a case.
+struct DataPart {
+  std::map<PoolKey, ReconPool> key, value;
+  std::map<PoolKey, AttentionPool> attention;
+  std::size_t stored_bytes = 0, fp16_bytes = 0;
+  // For the arrays file: per (layer, q head) KL pooled over sequences, per (layer, head) NMSE.
+  std::vector<int> layers, heads, q_heads;
+};
+
+}  // namespace
+
+std::pair<int, int> parse_shard(const std::string& text) {
+  const auto slash = text.find('/');
+  int i = -1, n = -1;
+  try {
+    KVARN_CHECK(slash != std::string::npos, "");
+    std::size_t used = 0;
+    i = std::stoi(text.substr(0, slash), &used);
+    KVARN_CHECK(used == slash, "");
+    n = std::stoi(text.substr(slash + 1), &used);
+    KVARN_CHECK(used == text.size() - slash - 1, "");
+  } catch (const std::exception&) {
+    fail("--shard ", text, ": expected i/n, e.g. 0/4");
+  }
+  KVARN_CHECK(n >= 1 && i >= 0 && i < n, "--shard ", text, ": need 0 <= i < n");
+  return {i, n};
+}
+
+fs::path run_directory(const SweepConfig& cfg, int shard_index, int shard_count, bool fresh) {
+  std::string base = cfg.name + "-" + cfg.hash.substr(0, 12);
+  if (shard_count > 1) {
+    base += "-shard-" + std::to_string(shard_index) + "-of-" + std::to_string(shard_count);
+  }
+  const fs::path root(cfg.output);
+  fs::path dir = root / base;
+  if (!fresh) return dir;
+  for (int k = 2; fs::exists(dir); ++k) dir = root / (base + "-" + std::to_string(k));
+  return dir;
+}
+
+std::string reproduce_command(const SweepConfig& cfg, const std::string& case_id) {
+  std::string cmd = "kvarn-eval sweep " + shell_quote(cfg.config_path.string());
+  for (const std::string& s : cfg.sets) cmd += " --set " + shell_quote(s);
+  return cmd + " --only " + case_id;
+}
+
+json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& arrays_path) {
+  const std::unique_ptr<Method> method = make_method(cs.spec);
+  const auto* kvarn_method = dynamic_cast<const KvarnMethod*>(method.get());
+  const MetricsSelection& ms = cfg.metrics;
+  MetricOptions mopts;
+  mopts.breakdown = ms.arrays;
+  AttentionOptions aopts;
+  aopts.topk = ms.topk;
+  aopts.outlier_percents = ms.outlier_percents;
+  aopts.per_position = ms.arrays;
+
+  json slabs = json::array(), attention = json::array(), accounting = json::object();
+  std::vector<DataPart> parts(cfg.data.tiles.size());
+
+  // Everything is computed inside the arrays file's atomic write, so a failure or a kill leaves
+  // at most a temporary behind (removed on the next run).
+  auto body = [&](H5::H5File* h5) {
+    if (h5) {
+      h5::write_string_attr(*h5, "format", kArraysFormat);
+      h5::write_int_attr(*h5, "format_version", kArraysFormatVersion);
+      h5::write_string_attr(*h5, "case_id", cs.id);
+      h5::write_string_attr(*h5, "spec", cs.spec);
+      h5::write_string_attr(*h5, "method", cs.name);
+    }
+    for (std::size_t ti = 0; ti < cfg.data.tiles.size(); ++ti) {
+      const TilesSource& t = cfg.data.tiles[ti];
+      DataPart& part = parts[ti];
+      const TileReader reader(t.resolved);
+      const TileFileInfo& info = reader.info();
+      const Accounting acc = method->accounting(info.head_dim);
+      accounting[t.name] = {{"head_dim", info.head_dim},
+                            {"bits_per_element", acc.bits_per_element()},
+                            {"bytes_per_token", acc.bytes_per_token()},
+                            {"capacity_vs_fp16", acc.capacity_vs_fp16()}};
+      const std::vector<int> seqs = selected(cfg.data.sequences, reader.num_sequences());
+      const std::vector<int> layers = selected(cfg.data.layers, info.num_captured_layers());
+      const std::vector<int> heads = selected(cfg.data.kv_heads, info.num_kv_heads);
+      const int group = std::max(1, info.num_q_heads / std::max(1, info.num_kv_heads));
+      for (int li : layers) part.layers.push_back(info.layers[static_cast<std::size_t>(li)]);
+      part.heads = heads;
+      std::optional<H5::Group> gdata;
+      // The first tiles file's arrays sit at the root; further files in a group named after them.
+      if (h5) gdata = ti == 0 ? h5->openGroup("/") : h5->createGroup(t.name);
+      // Per (layer, q head) attention pooled over sequences, for the KL heatmap.
+      std::map<std::pair<int, int>, AttentionPool> kl_cells;
+      std::set<int> q_heads_seen;
+      for (int s : seqs) {
+        const SequenceInfo& si = reader.sequence(s);
+        const int T =
+            cfg.data.max_tokens > 0 ? std::min(si.num_tokens, cfg.data.max_tokens) : si.num_tokens;
+        for (int li : layers) {
+          const int model_layer = info.layers[static_cast<std::size_t>(li)];
+          const LayerContext ctx{model_layer, info.num_layers};
+          std::optional<H5::Group> glayer;
+          if (gdata) {
+            H5::Group gslabs = child_group(*gdata, "slabs");
+            H5::Group gs = child_group(gslabs, "seq_" + si.name);
+            glayer = child_group(gs, two_digits("layer_", model_layer));
+          }
+          std::map<int, std::pair<Matrix, Matrix>> kv;
+          std::map<int, SequenceResult> quantized;
+          for (int h : heads) {
+            Matrix k = reader.read(s, "k", li, h).topRows(T);
+            Matrix v = reader.read(s, "v", li, h).topRows(T);
+            SequenceResult q = quantize_sequence(*method, k, v, ctx);
+            part.stored_bytes += q.stored_bytes;
+            part.fp16_bytes += 4ull * static_cast<std::size_t>(T) * info.head_dim;
+            if (ms.reconstruction) {
+              // Same as eval's method_metrics(Method&, ...), reusing this quantization.
+              MethodTileReport rep = method_metrics(q, k, v, mopts);
+              rep.method = method->name();
+              rep.spec = method->spec();
+              if (kvarn_method && !method->layer_skipped(ctx)) {
+                rep.stages = kvarn_stage_metrics(*kvarn_method, k, v, mopts);
+              }
+              for (const PoolKey& pk : {PoolKey{kAll, kAll}, PoolKey{model_layer, h}}) {
+                part.key[pk].add(rep.key);
+                part.value[pk].add(rep.value);
+                if (rep.stages && rep.stages->tiles > 0) {
+                  part.key[pk].add(rep.stages->key, rep.stages->tiles);
+                  part.value[pk].add(rep.stages->value, rep.stages->tiles);
+                }
+              }
+              if (glayer) {
+                H5::Group gh = glayer->createGroup(two_digits("head_", h));
+                write_doubles(gh, "k_nmse_per_channel", rep.key.all_tokens.nmse_per_channel);
+                write_doubles(gh, "k_nmse_per_token", rep.key.all_tokens.nmse_per_token);
+                write_doubles(gh, "v_nmse_per_channel", rep.value.all_tokens.nmse_per_channel);
+                write_doubles(gh, "v_nmse_per_token", rep.value.all_tokens.nmse_per_token);
+              }
+              json j = rep;
+              strip_vectors(j);
+              slabs.push_back({{"data", t.name},
+                               {"sequence", s},
+                               {"layer", model_layer},
+                               {"head", h},
+                               {"tokens", T},
+                               {"stored_bytes", q.stored_bytes},
+                               {"metrics", std::move(j)}});
+            }
+            kv.emplace(h, std::make_pair(std::move(k), std::move(v)));
+            quantized.emplace(h, std::move(q));
+          }
+          if (!ms.attention || !si.has_q) continue;
+          // GQA: query head qh reads KV head qh / group; one call per KV head keeps that exact
+          // whatever subset of query heads was captured.
+          for (int h : heads) {
+            std::vector<Matrix> qs;
+            std::vector<int> qh_model;
+            for (std::size_t qi = 0; qi < si.q_heads.size(); ++qi) {
+              if (si.q_heads[qi] / group != h) continue;
+              qs.push_back(reader.read(s, "q", li, static_cast<int>(qi)).topRows(T));
+              qh_model.push_back(si.q_heads[qi]);
+            }
+            if (qs.empty()) continue;
+            const AttentionReport rep = attention_metrics(qs, {kv.at(h).first}, {kv.at(h).second},
+                                                          {quantized.at(h)}, aopts);
+            part.attention[{kAll, kAll}].add(rep.summary);
+            part.attention[{kAll, kAll}].add_outliers(rep);
+            for (std::size_t i = 0; i < rep.heads.size(); ++i) {
+              const int qh = qh_model[i];
+              part.attention[{model_layer, qh}].add(rep.heads[i].summary);
+              kl_cells[{model_layer, qh}].add(rep.heads[i].summary);
+              q_heads_seen.insert(qh);
+              if (glayer && ms.arrays) {
+                const PositionMetrics& p = rep.heads[i].positions;
+                H5::Group gq = glayer->createGroup(two_digits("q_head_", qh));
+                h5::write_int_attr(gq, "kv_head", h);
+                h5::write_int_attr(gq, "q_first", rep.q_first);
+                h5::write_ints_attr(gq, "topk", rep.topk);
+                write_doubles(gq, "kl", p.kl);
+                write_doubles(gq, "js", p.js);
+                write_doubles(gq, "output_nmse", p.output_nmse);
+                write_doubles(gq, "logit_mae", p.logit_mae);
+                write_doubles(gq, "logit_rmse", p.logit_rmse);
+                std::vector<double> tk;
+                for (const auto& row : p.topk_overlap) tk.insert(tk.end(), row.begin(), row.end());
+                write_matrix(gq, "topk_overlap", tk, p.topk_overlap.size(),
+                             p.topk_overlap.empty() ? 0 : p.topk_overlap.front().size());
+              }
+            }
+            json j = rep;
+            strip_vectors(j);
+            attention.push_back({{"data", t.name},
+                                 {"sequence", s},
+                                 {"layer", model_layer},
+                                 {"kv_head", h},
+                                 {"q_heads", qh_model},
+                                 {"report", std::move(j)}});
+          }
+        }
+      }
+      part.q_heads.assign(q_heads_seen.begin(), q_heads_seen.end());
+      if (gdata) {
+        // Layer x head matrices the report draws as heatmaps (NaN: not measured).
+        const std::size_t L = part.layers.size();
+        h5::write_string_attr(*gdata, "data", t.name);
+        if (ms.reconstruction) {
+          for (const char* stream : {"key", "value"}) {
+            const auto& pools = std::string(stream) == "key" ? part.key : part.value;
+            std::vector<double> m(L * part.heads.size(), NAN);
+            for (std::size_t a = 0; a < L; ++a) {
+              for (std::size_t b = 0; b < part.heads.size(); ++b) {
+                auto it = pools.find({part.layers[a], part.heads[b]});
+                if (it != pools.end())
+                  m[a * part.heads.size() + b] = it->second.metrics()[0].second;
+              }
+            }
+            H5::Group gs = gdata->createGroup(stream);
+            h5::write_ints_attr(gs, "layers", part.layers);
+            h5::write_ints_attr(gs, "heads", part.heads);
+            write_matrix(gs, "nmse_layer_head", m, L, part.heads.size());
+          }
+        }
+        if (!part.q_heads.empty()) {
+          std::vector<double> m(L * part.q_heads.size(), NAN);
+          for (std::size_t a = 0; a < L; ++a) {
+            for (std::size_t b = 0; b < part.q_heads.size(); ++b) {
+              auto it = kl_cells.find({part.layers[a], part.q_heads[b]});
+              if (it != kl_cells.end() && it->second.count > 0) {
+                m[a * part.q_heads.size() + b] =
+                    it->second.kl / static_cast<double>(it->second.count);
+              }
+            }
+          }
+          H5::Group ga = gdata->createGroup("attention");
+          h5::write_ints_attr(ga, "layers", part.layers);
+          h5::write_ints_attr(ga, "q_heads", part.q_heads);
+          write_matrix(ga, "kl_layer_head", m, L, part.q_heads.size());
+        }
+      }
+    }
+  };
+  if (arrays_path.empty()) {
+    body(nullptr);
+  } else {
+    h5::silence_errors();
+    write_atomically(arrays_path, [&](const fs::path& tmp) {
+      try {
+        H5::H5File file(tmp.string(), H5F_ACC_TRUNC);
+        body(&file);
+        file.close();
+      } catch (const H5::Exception& e) {
+        fail(tmp.string(), ": cannot write: ", h5::describe(e));
+      }
+    });
+  }
+
+  // Tidy rows: per data file, stream, (all, all) first then every (layer, head), fixed metric
+  // order.
+  json rows = json::array();
+  auto layer_cell = [](int x) { return x == kAll ? json("all") : json(x); };
+  for (std::size_t ti = 0; ti < parts.size(); ++ti) {
+    const DataPart& part = parts[ti];
+    const std::string& dname = cfg.data.tiles[ti].name;
+    const double bits = accounting[dname]["bits_per_element"].get<double>();
+    auto emit = [&](const std::string& scope, const PoolKey& pk,
+                    const std::vector<std::pair<std::string, double>>& ms_) {
+      for (const auto& [name, value] : ms_) {
+        const std::string metric = scope + "." + name;  // e.g. key.end_to_end.nmse
+        rows.push_back({{"case_id", cs.id},
+                        {"method", cs.name},
+                        {"spec", cs.spec},
+                        {"family", cs.family},
+                        {"data", dname},
+                        {"bits_per_element", bits},
+                        {"metric", metric},
+                        {"scope", scope},
+                        {"layer", layer_cell(std::get<0>(pk))},
+                        {"head", layer_cell(std::get<1>(pk))},
+                        {"value", json_number(value)}});
+      }
+    };
+    // The storage a slab really took (fp16 sink / tail / windows included), in bits per element.
+    if (part.fp16_bytes > 0) {
+      emit("storage", {kAll, kAll},
+           {{"effective_bits", 16.0 * static_cast<double>(part.stored_bytes) /
+                                   static_cast<double>(part.fp16_bytes)}});
+    }
+    for (const auto& [pk, pool] : part.key) emit("key", pk, pool.metrics());  // kAll sorts first
+    for (const auto& [pk, pool] : part.value) emit("value", pk, pool.metrics());
+    for (const auto& [pk, pool] : part.attention) emit("attention", pk, pool.metrics(ms.topk));
+  }
+  return {{"format", kCaseFormat},
+          {"format_version", kCaseFormatVersion},
+          {"case_id", cs.id},
+          {"index", cs.index},
+          {"input", cs.input},
+          {"name", cs.name},
+          {"spec", cs.spec},
+          {"family", cs.family},
+          {"accounting", accounting},
+          {"slabs", slabs},
+          {"attention", attention},
+          {"rows", rows},
+          {"arrays", arrays_path.empty() ? json(nullptr)
+                                         : json("arrays/" + arrays_path.filename().string())}};
+}
+
+namespace {
+
+fs::path find_report_script() {
+  if (const char* env = std::getenv("KVARN_REPORT_SCRIPT")) return env;
+  const std::string root = KVARN_SOURCE_ROOT;
+  std::error_code ec;
+  for (const fs::path& p :
+       {fs::path("reports/kvarn_report.py"), fs::path(root) / "reports" / "kvarn_report.py"}) {
+    if (!p.empty() && fs::is_regular_file(p, ec)) return p;
+  }
+  return {};
+}
+
+}  // namespace
+
+SweepResult run_sweep(const SweepConfig& cfg, const SweepOptions& opts) {
+  KVARN_CHECK(opts.shard_count >= 1 && opts.shard_index >= 0 && opts.shard_index < opts.shard_count,
+              "--shard: need 0 <= i < n");
+  SweepResult res;
+  res.total = static_cast<int>(cfg.cases.size());
+  std::vector<const CaseSpec*> todo;
+  std::set<std::string> only(opts.only.begin(), opts.only.end());
+  for (const std::string& o : opts.only) {
+    const bool known = std::any_of(cfg.cases.begin(), cfg.cases.end(), [&](const CaseSpec& c) {
+      return c.id == o || std::to_string(c.index) == o;
+    });
+    if (!known) {
+      std::vector<std::string> ids;
+      for (const CaseSpec& c : cfg.cases) ids.push_back(c.id);
+      fail("--only ", o, ": no such case (nearest: ", nearest(o, ids), ")");
+    }
+  }
+  for (const CaseSpec& c : cfg.cases) {
+    if (c.index % opts.shard_count != opts.shard_index) continue;
+    if (!only.empty() && !only.count(c.id) && !only.count(std::to_string(c.index))) continue;
+    todo.push_back(&c);
+  }
+  res.selected = static_cast<int>(todo.size());
+
+  for (const std::string& n : cfg.notices) std::fprintf(opts.log, "%s\n", n.c_str());
+  res.run_dir = run_directory(cfg, opts.shard_index, opts.shard_count, opts.fresh);
+  fs::create_directories(res.run_dir);
+  RunLock lock(res.run_dir);
+  const RunStore store(res.run_dir);
+  store.init(cfg.resolved, cfg.config_text);
+  if (const int n = store.remove_stale_temporaries()) {
+    std::fprintf(opts.log, "removed %d temporary file(s) of an interrupted run\n", n);
+  }
+  if (opts.shard_count > 1 && !fs::exists(res.run_dir / "shard.json")) {
+    write_text_atomically(
+        res.run_dir / "shard.json",
+        json{{"shard", opts.shard_index}, {"of", opts.shard_count}}.dump() + "\n");
+  }
+  if (!cfg.throughput_results.empty() && !fs::exists(res.run_dir / "throughput.json")) {
+    write_atomically(res.run_dir / "throughput.json", [&](const fs::path& tmp) {
+      fs::copy_file(cfg.throughput_resolved, tmp, fs::copy_options::overwrite_existing);
+    });
+  }
+
+  // Provenance of this invocation; each case names the record it was computed under.
+  json seeds = {{"config_seed", cfg.seed}};
+  const json prov =
+      collect_provenance({{"command", opts.command},
+                          {"config", cfg.config_path.string()},
+                          {"sets", cfg.sets},
+                          {"config_hash", cfg.hash},
+                          {"seeds", seeds},
+                          {"shard", {{"index", opts.shard_index}, {"count", opts.shard_count}}},
+                          {"kvarn_eval_version", "0.1.0"}});
+  const std::string prov_text = prov.dump(2) + "\n";
+  const std::string digest = sha256_hex(prov_text).substr(0, 16);
+  write_text_atomically(res.run_dir / "provenance" / (digest + ".json"), prov_text);
+  write_text_atomically(res.run_dir / "provenance.json", prov_text);
+
+  std::vector<const CaseSpec*> pending;
+  for (const CaseSpec* c : todo) {
+    if (store.case_done(c->id, c->spec, cfg.metrics.arrays)) {
+      ++res.resumed;
+    } else {
+      pending.push_back(c);
+    }
+  }
+  std::fprintf(opts.log, "run directory: %s (%d cases, %d to compute, %d already finished)\n",
+               res.run_dir.string().c_str(), res.selected, static_cast<int>(pending.size()),
+               res.resumed);
+  Progress progress = opts.progress_tty < 0
+                          ? Progress(res.selected, res.resumed, opts.log)
+                          : Progress(res.selected, res.resumed, opts.log, opts.progress_tty == 1);
+  for (const CaseSpec* c : pending) {
+    const std::string label = c->id + " " + c->name;
+    progress.start_case(label);
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string started = utc_timestamp();
+    json record = compute_case(cfg, *c, cfg.metrics.arrays ? store.arrays_path(c->id) : fs::path());
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    record["timing"] = {{"seconds", secs}, {"started", started}, {"finished", utc_timestamp()}};
+    record["provenance_digest"] = digest;
+    record["command"] = reproduce_command(cfg, c->id);
+    store.write_case(record);  // the record is the "finished" marker: written last
+    ++res.computed;
+    progress.finish_case(label);
+  }
+  progress.finish();
+  res.finished = store.write_summaries();
+  std::fprintf(opts.log, "summary: %s (%d of %d cases)\n",
+               (res.run_dir / "summary.jsonl").string().c_str(), res.finished, res.total);
+
+  if (opts.report && cfg.report) {
+    const fs::path script = find_report_script();
+    if (script.empty()) {
+      KVARN_CHECK(!opts.strict_report, "report: reports/kvarn_report.py not found");
+      std::fprintf(opts.log, "warning: report skipped: reports/kvarn_report.py not found\n");
+    } else {
+      const std::string cmd =
+          "python3 " + shell_quote(script.string()) + " " + shell_quote(res.run_dir.string());
+      std::fflush(opts.log);
+      const int status = std::system(cmd.c_str());
+      res.report_rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+      if (res.report_rc != 0) {
+        KVARN_CHECK(!opts.strict_report, "report failed (exit ", res.report_rc, "): ", cmd);
+        std::fprintf(opts.log, "warning: report failed (exit %d): %s\n", res.report_rc,
+                     cmd.c_str());
+      }
+    }
+  }
+  return res;
+}
+
+}  // namespace kvarn

@@ -1,0 +1,61 @@
+// Shared helpers of the sweep tests: temp directories and small configs over the sample tiles.
+#ifndef KVARN_TESTS_SWEEPS_SWEEP_TEST_UTIL_HPP_
+#define KVARN_TESTS_SWEEPS_SWEEP_TEST_UTIL_HPP_
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace kvarn::testing_util {
+
+namespace fs = std::filesystem;
+
+inline fs::path sample_tiles() {
+  return fs::path(KVARN_SOURCE_DIR) / "data" / "tiles" / "sample.h5";
+}
+
+inline std::string slurp_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline void write_file(const fs::path& p, const std::string& text) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary) << text;
+}
+
+// A per-test scratch directory, removed afterwards.
+class TempDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() / ("kvarn_sweeps_" + std::to_string(::getpid()) + "_" +
+                                        info->test_suite_name() + "_" + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A small, fast config: `methods` is the YAML list body (one "  - x" per line).
+  fs::path small_config(const std::string& methods, const std::string& extra = "",
+                        const std::string& name = "small") {
+    const fs::path p = dir_ / (name + ".yaml");
+    write_file(p, "version: 1\nname: " + name + "\ndata:\n  tiles: " + sample_tiles().string() +
+                      "\n  sequences: [0]\n  max_tokens: 160\nmethods:\n" + methods +
+                      "metrics:\n  outlier_fractions: [1]\noutput: " + (dir_ / "runs").string() +
+                      "\nreport: false\n" + extra);
+    return p;
+  }
+
+  fs::path dir_;
+};
+
+}  // namespace kvarn::testing_util
+
+#endif  // KVARN_TESTS_SWEEPS_SWEEP_TEST_UTIL_HPP_
