@@ -265,7 +265,7 @@ def _readable(method: str, spec: str) -> str:
         elif re.fullmatch(r"k\d+v\d+", p) or re.fullmatch(r"e\dm\d", p):
             out.append(p.upper())
         elif p == "nc":
-            out.append("(no corr.)")
+            out.append("NC")  # vLLM "nc": norm correction
         else:
             out.append(p)
     return " ".join(out)

@@ -226,6 +226,10 @@ nlohmann::json collect_provenance(const nlohmann::json& extra) {
     }
   }
   j["git"] = git;
+  // Flat fields of the run-directory contract (docs/results.md): the run-time view when known.
+  const nlohmann::json& view = git.contains("run_time") ? git["run_time"] : git["configure_time"];
+  j["git_commit"] = view["commit"];
+  j["git_dirty"] = view["dirty"];
   j["build_type"] = KVARN_BUILD_TYPE;
 #if defined(__clang__)
   j["compiler"] = std::string("clang ") + __clang_version__;
@@ -267,6 +271,7 @@ nlohmann::json collect_provenance(const nlohmann::json& extra) {
   j["hostname"] = host;
   j["date"] = utc_timestamp();
   for (auto it = extra.begin(); it != extra.end(); ++it) j[it.key()] = it.value();
+  if (j.contains("seeds") && j["seeds"].contains("config_seed")) j["seed"] = j["seeds"]["config_seed"];
   return j;
 }
 
