@@ -66,7 +66,8 @@ void strip_vectors(json& j) {
 // pooled (NMSE = Σerr/Σref via eval's safe_nmse), cosines row-weighted, maxima max-ed.
 struct ReconPool {
   double err = 0, ref = 0, q_err = 0, q_ref = 0, cos_sum = 0, cos_min = 1, max_abs = 0;
-  double mag = 0, dir = 0;
+  double mag = 0, dir = 0, norm_ratio = 0;
+  std::array<double, kTopRowFractions.size()> top_mag{};  // row-weighted over slabs
   std::int64_t rows = 0, elems = 0, q_rows = 0;
   int stage_tiles = 0;
   std::array<double, 4> st_err{}, st_ref{};
@@ -83,6 +84,9 @@ struct ReconPool {
     max_abs = std::max(max_abs, a.max_abs);
     mag += a.magnitude_err;
     dir += a.direction_err;
+    norm_ratio += a.norm_ratio_mean * static_cast<double>(a.rows);
+    for (std::size_t i = 0; i < top_mag.size(); ++i)
+      top_mag[i] += a.top_magnitude_share[i] * static_cast<double>(a.rows);
     q_err += s.quantized_only.sum_sq_err;
     q_ref += s.quantized_only.sum_sq_ref;
     q_rows += s.quantized_only.rows;
@@ -109,7 +113,14 @@ struct ReconPool {
         {"end_to_end.cos_mean", rows > 0 ? cos_sum / static_cast<double>(rows) : 1.0},
         {"end_to_end.cos_min", cos_min},
         {"end_to_end.max_abs", max_abs},
-        {"end_to_end.magnitude_share", mag + dir > 0 ? mag / (mag + dir) : 0.0}};
+        {"end_to_end.magnitude_share", mag + dir > 0 ? mag / (mag + dir) : 0.0},
+        {"end_to_end.norm_ratio_mean", rows > 0 ? norm_ratio / static_cast<double>(rows) : 1.0}};
+    // Share of magnitude (token-scale) error within the rows holding the largest errors (paper
+    // Fig. 1a); per slab, then row-weighted over slabs.
+    for (std::size_t i = 0; i < top_mag.size(); ++i) {
+      m.emplace_back("end_to_end.magnitude_share_top." + percent_label(kTopRowFractions[i] * 100.0),
+                     rows > 0 ? top_mag[i] / static_cast<double>(rows) : 0.0);
+    }
     if (q_rows > 0) m.emplace_back("quantized_only.nmse", safe_nmse(q_err, q_ref));
     if (stage_tiles > 0) {
       const char* names[4] = {"stage.rotation.nmse", "stage.quant_normalized.nmse",
