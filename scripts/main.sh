@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
+scripts/prepare_models.sh
 scripts/build.sh
 bin=${KVARN_BUILD_DIR:-build}/bin/kvarn-eval
 "$bin" methods --head-dim 128 --context 4096

@@ -4,5 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
+scripts/prepare_models.sh
 KVARN_WERROR=ON scripts/build.sh
 ctest --test-dir "${KVARN_BUILD_DIR:-build}" --output-on-failure -j "$(nproc)"
