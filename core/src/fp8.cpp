@@ -50,13 +50,6 @@ class Fp8Codec : public StreamCodec {
   float scale_;
 };
 
-std::string format_double(double v) {
-  std::ostringstream os;
-  os.precision(9);
-  os << v;
-  return os.str();
-}
-
 }  // namespace
 
 std::unique_ptr<StreamCodec> make_fp8_codec(StreamKind kind, int head_dim, const Fp8Config& cfg) {
@@ -75,14 +68,14 @@ std::string Fp8Method::name() const {
 
 std::string Fp8Method::spec() const {
   return "fp8:format=" + format_name(cfg_.format) +
-         ",scale=" + (cfg_.calibrated ? std::string("calibrated") : format_double(cfg_.scale)) +
+         ",scale=" + (cfg_.calibrated ? std::string("calibrated") : format_spec_number(cfg_.scale)) +
          ",granularity=" + (cfg_.per_head ? "head" : "tensor");
 }
 
 std::string Fp8Method::description() const {
   return "vLLM FP8 " + format_name(cfg_.format) + " cache, " +
          (cfg_.calibrated ? std::string("scale amax/200 (K), amax/100 (V) from the first block")
-                          : "fixed scale " + format_double(cfg_.scale)) +
+                          : "fixed scale " + format_spec_number(cfg_.scale)) +
          ", 1 byte/element";
 }
 

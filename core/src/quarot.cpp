@@ -101,13 +101,6 @@ class QuarotCodec : public StreamCodec {
   std::vector<std::uint8_t> q_;
 };
 
-std::string format_double(double v) {
-  std::ostringstream os;
-  os.precision(9);
-  os << v;
-  return os.str();
-}
-
 }  // namespace
 
 QuarotMethod::QuarotMethod(QuarotConfig cfg) : cfg_(cfg) {
@@ -130,7 +123,7 @@ std::string QuarotMethod::spec() const {
   std::string s = "quarot:k_bits=" + std::to_string(cfg_.key_bits) +
                   ",v_bits=" + std::to_string(cfg_.value_bits) +
                   ",group=" + (cfg_.group == 0 ? std::string("head") : std::to_string(cfg_.group)) +
-                  ",clip=" + format_double(cfg_.clip) + ",rotation=" + to_string(cfg_.rotation);
+                  ",clip=" + format_spec_number(cfg_.clip) + ",rotation=" + to_string(cfg_.rotation);
   if (cfg_.rotation == RotationKind::kHaar) s += ",seed=" + std::to_string(cfg_.seed);
   return s;
 }
@@ -140,7 +133,7 @@ std::string QuarotMethod::description() const {
          std::to_string(cfg_.key_bits) + "/V" + std::to_string(cfg_.value_bits) +
          " per token (group " +
          (cfg_.group ? std::to_string(cfg_.group) : std::string("head_dim")) +
-         "), fp16 scale + integer zero, clip " + format_double(cfg_.clip);
+         "), fp16 scale + integer zero, clip " + format_spec_number(cfg_.clip);
 }
 
 void QuarotMethod::check_head_dim(int head_dim) const {

@@ -20,6 +20,7 @@
 #include "kvarn/data/h5_io.hpp"
 #include "kvarn/data/tile_file.hpp"
 #include "kvarn/sweeps/commands.hpp"
+#include "kvarn/sweeps/provenance.hpp"
 
 namespace kvarn {
 
@@ -35,15 +36,6 @@ struct QuantizeOptions {
   std::vector<int> layers, heads, sequences;
   bool force = false;
 };
-
-std::string utc_now() {
-  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 std::string two_digits(const char* prefix, int i) {
   char buf[32];
@@ -193,7 +185,7 @@ void run_quantize(const QuantizeOptions& o) {
       {"tool", "kvarn-eval quantize"},
       {"version", kKvarnEvalVersion},
       {"git_commit", std::getenv("KVARN_GIT_COMMIT") ? std::getenv("KVARN_GIT_COMMIT") : "unknown"},
-      {"created", utc_now()},
+      {"created", utc_timestamp()},
       {"command", command_line()},
       {"method", method->name()},
       {"method_spec", method->spec()},

@@ -70,6 +70,9 @@ inline std::unique_ptr<Method> make_method(const std::string& name_or_spec) {
   return Registry::instance().make(name_or_spec);
 }
 
+// A number as written in specs and names: shortest form that round-trips at 9 digits.
+std::string format_spec_number(double v);
+
 // Edit distance, for "did you mean" suggestions.
 std::size_t edit_distance(const std::string& a, const std::string& b);
 // Up to n candidates nearest to `word`, joined by ", ".
