@@ -1,5 +1,5 @@
 // H200 decode benchmarks: device read/copy bandwidth (the roofline), KVarN store throughput, and
-// the paged decode sweep (KVarN k4v2/k4v4, FP16, FP8). Manual timing with CUDA events, median of
+// the paged decode sweep (KVarN k4v2/k4v4, FP16, FP8, TurboQuant 4bit_nc / 3bit_nc / k8v4). Manual timing with CUDA events, median of
 // repetitions, L2 flushed between repetitions when the working set is small. Everything runs on
 // one created stream; each decode step (split kernel + programmatic-dependent combine) is
 // captured once into a CUDA graph and replayed, as a serving loop would.
@@ -52,6 +52,19 @@ __global__ void fill_scales(unsigned char* rec, long long n_rec, long long rec_b
     const long long r = i / words, w = i % words;
     reinterpret_cast<__half*>(rec + r * rec_bytes + from)[w] =
         __float2half(0.05f + (hash32(i) & 255) / 4096.0f);
+  }
+}
+// valid TurboQuant slots: fp16 norm in [0.5, 1.5), value scale and zero; fp8 keys without NaN
+__global__ void fill_tq_slots(unsigned char* cache, long long n_slots, int slot, int norm_off,
+                              int fp8_bytes, int sz_off) {
+  for (long long i = blockIdx.x * 256LL + threadIdx.x; i < n_slots; i += 256LL * gridDim.x) {
+    unsigned char* s = cache + i * slot;
+    const unsigned hsh = hash32(i * 77 + 11);
+    if (norm_off >= 0)
+      *reinterpret_cast<__half*>(s + norm_off) = __float2half(0.5f + (hsh & 1023) / 1024.0f);
+    for (int j = 0; j < fp8_bytes; ++j) s[j] &= 0xFE;
+    *reinterpret_cast<__half*>(s + sz_off) = __float2half(0.01f + ((hsh >> 10) & 255) / 4096.0f);
+    *reinterpret_cast<__half*>(s + sz_off + 2) = __float2half(-0.5f + ((hsh >> 18) & 255) / 512.0f);
   }
 }
 __global__ void read_kernel(const float4* p, long long n, float* out) {
@@ -153,9 +166,11 @@ kvarn::KvarnConfig kvarn_cfg(int kb, int vb) {
   return c;
 }
 
-void BM_Store(benchmark::State& st, int kb, int vb) {
+// blocks = 1024: throughput (8192 tiles); blocks = batch: one launch of the tiles a batch
+// produces every 128 generated tokens (one per sequence and KV head), i.e. its real latency.
+void BM_Store(benchmark::State& st, int kb, int vb, int blocks = 1024) {
   const auto cfg = kvarn_cfg(kb, vb);
-  const int d = 128, g = 128, heads = 8, blocks = 1024;  // 8192 tiles
+  const int d = 128, g = 128, heads = 8;
   const auto lay = kvarn::kvarn_record_layout(d, cfg);
   const long long elems = static_cast<long long>(blocks) * g * heads * d;
   Dev<__half> k(elems), v(elems);
@@ -173,7 +188,8 @@ void BM_Store(benchmark::State& st, int kb, int vb) {
   t.block_stride = static_cast<long long>(g) * heads * d;
   t.records = rec.p;
   for (auto _ : st) {
-    const double s = time_median([&] { kvarn::cuda::kvarn_store(cfg, d, t, bench_stream()); }, 5, false);
+    const double s = time_median([&] { kvarn::cuda::kvarn_store(cfg, d, t, bench_stream()); },
+                                 blocks >= 1024 ? 5 : 15, false);
     st.SetIterationTime(s);
     st.counters["tiles"] = t.num_tiles;
     st.counters["tiles_per_s"] = t.num_tiles / s;
@@ -182,11 +198,82 @@ void BM_Store(benchmark::State& st, int kb, int vb) {
 }
 
 struct DecodeCaseB {
-  std::string fmt;  // k4v2 k4v4 fp16 fp8
+  std::string fmt;  // k4v2 k4v4 fp16 fp8 tq4 tq3 tqk8v4
   int hq, hkv, batch, ctx;
 };
 
+kvarn::cuda::TqDecodeConfig tq_cfg(const std::string& f) {
+  if (f == "tq3") return {3, 3, true};
+  if (f == "tqk8v4") return {8, 4, false};
+  return {4, 4, true};
+}
+
+// TurboQuant: vLLM's block size 16, one slot per (token, KV head), no fp16 region.
+void BM_DecodeTq(benchmark::State& st, DecodeCaseB c) {
+  const int d = 128, page = 16;
+  const int nb = (c.ctx + page - 1) / page;
+  kvarn::cuda::DecodeProblem p;
+  p.format = DecodeFormat::kTurboQuant;
+  p.batch = c.batch;
+  p.num_q_heads = c.hq;
+  p.num_kv_heads = c.hkv;
+  p.head_dim = d;
+  p.block_size = page;
+  p.max_blocks = nb;
+  p.tq = tq_cfg(c.fmt);
+  const int slot = kvarn::cuda::turboquant_slot_bytes(d, p.tq);
+  const long long num_blocks = static_cast<long long>(c.batch) * nb;
+  const long long n_slots = num_blocks * c.hkv * page;
+  Dev<unsigned char> cache(n_slots * slot);
+  fill_random_bytes<<<grid(), 256>>>(cache.p, n_slots * slot, 9);
+  const int kb = p.tq.key_bits, vb = p.tq.value_bits;
+  const int key_bytes = kb == 8 ? d : d * kb / 8 + 2;
+  fill_tq_slots<<<grid(), 256>>>(cache.p, n_slots, slot, kb == 8 ? -1 : d * kb / 8,
+                                 kb == 8 ? d : 0, key_bytes + d * vb / 8);
+  std::vector<int> table(num_blocks), lens(c.batch, c.ctx);
+  for (long long i = 0; i < num_blocks; ++i) table[i] = static_cast<int>(i);
+  Dev<int> dtable(table.size()), dlens(lens.size());
+  cudaMemcpy(dtable.p, table.data(), table.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(dlens.p, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice);
+  const long long qe = static_cast<long long>(c.batch) * c.hq * d;
+  Dev<__half> q(qe), out(qe);
+  fill_random_half<<<grid(), 256>>>(q.p, qe, 8);
+  Dev<unsigned char> ws(kvarn::cuda::decode_workspace_bytes(p));
+  kvarn::cuda::DecodeBuffers bf;
+  bf.q = reinterpret_cast<const std::uint16_t*>(q.p);
+  bf.out = reinterpret_cast<std::uint16_t*>(out.p);
+  bf.block_table = dtable.p;
+  bf.seq_lens = dlens.p;
+  bf.k_pool = cache.p;
+  bf.workspace = ws.p;
+  KVARN_CUDA_CHECK(cudaDeviceSynchronize());
+  const double kv_bytes = static_cast<double>(c.batch) * c.hkv * c.ctx * slot;
+  const double bytes = kv_bytes + qe * 2.0 * 2 + num_blocks * 4.0;
+  const bool flush = bytes < 200e6;
+  const int reps = bytes > 20e9 ? 7 : 25;
+  const cudaStream_t s = bench_stream();
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  KVARN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  kvarn::cuda::paged_decode(p, bf, s);
+  KVARN_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  KVARN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (auto _ : st) {
+    const double t = time_median([&] { cudaGraphLaunch(exec, s); }, reps, flush);
+    st.SetIterationTime(t);
+    st.counters["bytes_read"] = bytes;
+    st.counters["kv_bytes"] = kv_bytes;
+    st.counters["TBps"] = bytes / t * 1e-12;
+    st.counters["fp16_kv_bytes"] = static_cast<double>(c.batch) * c.hkv * c.ctx * d * 4.0;
+    st.counters["splits"] = kvarn::cuda::decode_num_splits(p);
+  }
+  KVARN_CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
 void BM_Decode(benchmark::State& st, DecodeCaseB c) {
+  if (c.fmt.rfind("tq", 0) == 0) return BM_DecodeTq(st, c);
   const int d = 128, g = 128;
   const bool kv = c.fmt[0] == 'k';
   const int nb = (c.ctx + g - 1) / g;
@@ -271,6 +358,7 @@ void BM_Decode(benchmark::State& st, DecodeCaseB c) {
     const double t = time_median([&] { cudaGraphLaunch(exec, s); }, reps, flush);
     st.SetIterationTime(t);
     st.counters["bytes_read"] = bytes;
+    st.counters["kv_bytes"] = kv_bytes;
     st.counters["TBps"] = bytes / t * 1e-12;
     st.counters["fp16_kv_bytes"] = static_cast<double>(c.batch) * c.hkv * c.ctx * d * 4.0;
     st.counters["splits"] = kvarn::cuda::decode_num_splits(p);
@@ -293,11 +381,15 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("store/k" + std::to_string(kb) + "v" + std::to_string(vb)).c_str(),
                                  [kb, vb](benchmark::State& s) { BM_Store(s, kb, vb); })
         ->UseManualTime()->Iterations(1)->Unit(benchmark::kMicrosecond);
+  for (int batch : {1, 8, 32, 128})
+    benchmark::RegisterBenchmark(("store_launch/k4v2/b" + std::to_string(batch)).c_str(),
+                                 [batch](benchmark::State& s) { BM_Store(s, 4, 2, batch); })
+        ->UseManualTime()->Iterations(1)->Unit(benchmark::kMicrosecond);
   const double max_bytes = 100.0 * (1ULL << 30);
   for (auto [hq, hkv] : std::vector<std::pair<int, int>>{{32, 8}, {64, 8}})
     for (int batch : {1, 8, 32, 128})
       for (int ctx : {1024, 2048, 4096, 16384, 32768, 65536, 131072})
-        for (const char* f : {"fp16", "k4v2", "k4v4", "fp8"}) {
+        for (const char* f : {"fp16", "k4v2", "k4v4", "fp8", "tq4", "tq3", "tqk8v4"}) {
           const double fp16_bytes = static_cast<double>(batch) * hkv * ctx * 128 * 4.0;
           if (fp16_bytes > max_bytes) continue;
           DecodeCaseB c{f, hq, hkv, batch, ctx};

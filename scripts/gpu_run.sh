@@ -33,8 +33,9 @@ echo "tests rc=$? ($SECONDS s)"
 grep -E "^\[ +(FAILED|PASSED|SKIPPED) +\]|tests ran" "$OUT/tests.log" | head -20
 grep -c "^\[       OK \]" "$OUT/tests.log"
 grep "\[ nmse \]" "$OUT/tests.log" | sort -k4 -g | tail -3
-F1='Cuda/PagedDecode.MatchesCpuReference/kvarn_k4v2_g64_d128_hq64_hkv8_b5_L500*:Cuda/StoreBitIdentity.*k4v2_g64_d64_it8:Cuda/PagedDecode.*fp16_g64_d64*:CudaAppend.*'
-{
+F1='Cuda/PagedDecode.MatchesCpuReference/kvarn_k4v2_g64_d128_hq64_hkv8_b5_L500*:Cuda/StoreBitIdentity.*k4v2_g64_d64_it8:Cuda/PagedDecode.*fp16_g64_d64*:CudaAppend.*:Cuda/TqDecode.*_d64_*'
+# KVARN_SANITIZER=0 skips compute-sanitizer; KVARN_SDPA_JSON=<file> reuses a measured SDPA JSON
+[ "${KVARN_SANITIZER:-1}" = 0 ] || {
   timeout 90 compute-sanitizer --tool memcheck $B/tests/kvarn_cuda_tests --gtest_filter="$F1"
   timeout 90 compute-sanitizer --tool racecheck $B/tests/kvarn_cuda_tests --gtest_filter="$F1"
 } > "$OUT/sanitizer.log" 2>&1
@@ -50,6 +51,10 @@ fi
 KVARN_BENCH_BUDGET_S=$BUDGET $B/bench/kvarn_gpu_bench ${KVARN_BENCH_FILTER:+--benchmark_filter=$KVARN_BENCH_FILTER} --benchmark_out="$OUT/bench.json" \
   --benchmark_out_format=json > "$OUT/bench.log" 2>&1
 echo "bench rc=$? ($SECONDS s)"
-timeout 100 python3 scripts/gpu_sdpa.py --out "$OUT/sdpa.json" --budget 60 2>&1 | tail -2
+if [ -n "$KVARN_SDPA_JSON" ]; then
+  cp "$KVARN_SDPA_JSON" "$OUT/sdpa.json"
+else
+  timeout 100 python3 scripts/gpu_sdpa.py --out "$OUT/sdpa.json" --budget 60 2>&1 | tail -2
+fi
 python3 scripts/gpu_summary.py "$OUT/bench.json" "$OUT/sdpa.json" "$OUT/meta.json" \
-  "$OUT/summary.json"
+  "$OUT/summary.json" "$OUT/throughput.json"

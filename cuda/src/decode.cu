@@ -34,16 +34,44 @@ long long record_bytes_of(const DecodeProblem& p) {
   return static_cast<long long>(kvarn_record_layout(p.head_dim, p.kvarn).aligned);
 }
 
+int tq_slot(const DecodeProblem& p) {
+  return detail::tq_slot_bytes(p.head_dim, p.tq.key_bits, p.tq.value_bits);
+}
+
+void launch_combine(const DecodeProblem& p, const float* o_part, const float* lse, int splits,
+                    float rot_scale, std::uint16_t* out, cudaStream_t stream) {
+  DISPATCH_HEAD_DIM(p.head_dim, kD, {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(p.num_q_heads, p.batch);
+    cfg.blockDim = dim3(kD);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    KVARN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, combine_kernel<kD>, o_part, lse, p.num_q_heads,
+                                        splits, rot_scale, reinterpret_cast<__half*>(out)));
+  })
+}
+
 }  // namespace
+
+int turboquant_slot_bytes(int head_dim, const TqDecodeConfig& c) {
+  return detail::tq_slot_bytes(head_dim, c.key_bits, c.value_bits);
+}
 
 // One-warp CTAs: as many as fit on the device at once (shared memory bound, 228 KiB per SM,
 // 1 KiB reserved per CTA), split so that batch * Hkv * S fills that one wave, with at least two
 // blocks per split (each split writes D floats per head to the workspace).
 int decode_num_splits(const DecodeProblem& p) {
   if (p.num_splits > 0) return p.num_splits;
-  const int smem = detail::decode_smem_bytes(kernel_format(p.format), p.head_dim,
-                                             record_bytes_of(p));
-  const long long per_sm = std::clamp(233472 / (smem + 1024), 1, 32);
+  const bool tq = p.format == DecodeFormat::kTurboQuant;
+  const int smem = tq ? detail::tq_smem_bytes(tq_slot(p))
+                      : detail::decode_smem_bytes(kernel_format(p.format), p.head_dim,
+                                                  record_bytes_of(p));
+  // TurboQuant: __launch_bounds__(32, 16) caps the registers at 16 CTAs per SM
+  const long long per_sm = std::clamp(233472 / (smem + 1024), 1, tq ? 16 : 32);
   const long long slots = per_sm * sm_count();
   const long long ctas = std::max(1LL, static_cast<long long>(p.batch) * p.num_kv_heads);
   long long s = std::max(1LL, slots / ctas);
@@ -65,6 +93,43 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
   KVARN_CHECK(b.workspace != nullptr, "paged_decode: workspace required");
   if (p.batch == 0) return;
   const int splits = decode_num_splits(p);
+  const float sm_scale = p.softmax_scale > 0
+                             ? p.softmax_scale
+                             : static_cast<float>(1.0 / std::sqrt(double(p.head_dim)));
+  float out_rot = 0.0f;  // combine: un-rotate the output with this scale (0: no rotation)
+  if (p.format == DecodeFormat::kTurboQuant) {
+    const TqDecodeConfig& c = p.tq;
+    KVARN_CHECK((c.key_bits == 4 && c.value_bits == 4) || (c.key_bits == 3 && c.value_bits == 3) ||
+                    (c.key_bits == 8 && c.value_bits == 4),
+                "paged_decode: TurboQuant k", c.key_bits, "v", c.value_bits,
+                " not compiled (4bit_nc k4v4, 3bit_nc k3v3, k8v4)");
+    KVARN_CHECK(!(c.key_bits == 8 && c.nc), "paged_decode: TurboQuant nc needs Lloyd-Max keys");
+    KVARN_CHECK(p.block_size % 16 == 0 && p.block_size > 0,
+                "paged_decode: TurboQuant page size must be a multiple of 16, got ", p.block_size);
+    TqDecodeArgs t{};
+    t.q = reinterpret_cast<const __half*>(b.q);
+    t.block_table = b.block_table;
+    t.max_blocks = p.max_blocks;
+    t.seq_lens = b.seq_lens;
+    t.cache = static_cast<const unsigned char*>(b.k_pool);
+    t.num_q_heads = p.num_q_heads;
+    t.num_kv_heads = p.num_kv_heads;
+    t.qpk = p.num_q_heads / p.num_kv_heads;
+    t.num_splits = splits;
+    t.page = p.block_size;
+    t.stage_bytes = detail::tq_stage_bytes(tq_slot(p));
+    t.qk_scale = sm_scale * 1.4426950408889634f;
+    t.rot_scale = c.key_bits == 8 ? 0.0f
+                                  : static_cast<float>(1.0 / std::sqrt(double(p.head_dim)));
+    t.nc = c.nc ? 1 : 0;
+    detail::fill_tq_tables(p.head_dim, c.key_bits, t);
+    t.o_part = static_cast<float*>(b.workspace);
+    t.lse = t.o_part + static_cast<std::size_t>(p.batch) * p.num_q_heads * splits * p.head_dim;
+    detail::LaunchShape s{p.head_dim, p.block_size, splits, p.batch, p.num_kv_heads};
+    detail::launch_turboquant(c.key_bits, c.value_bits, t, p.head_dim, s, stream);
+    launch_combine(p, t.o_part, t.lse, splits, out_rot, b.out, stream);
+    return;
+  }
   DecodeArgs a{};
   a.q = reinterpret_cast<const __half*>(b.q);
   a.block_table = b.block_table;
@@ -80,9 +145,7 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
   a.num_kv_heads = p.num_kv_heads;
   a.qpk = p.num_q_heads / p.num_kv_heads;
   a.num_splits = splits;
-  const float sm = p.softmax_scale > 0 ? p.softmax_scale
-                                       : static_cast<float>(1.0 / std::sqrt(double(p.head_dim)));
-  a.qk_scale = sm * 1.4426950408889634f;
+  a.qk_scale = sm_scale * 1.4426950408889634f;
   a.o_part = static_cast<float*>(b.workspace);
   a.lse = a.o_part + static_cast<std::size_t>(p.batch) * p.num_q_heads * splits * p.head_dim;
   detail::LaunchShape s{p.head_dim, p.block_size, splits, p.batch, p.num_kv_heads};
@@ -119,21 +182,8 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
                                          : detail::stage_bytes_for<KvFormat::kFp8>(p.head_dim, 0);
     detail::launch_fp(f, a, s, stream);
   }
-  DISPATCH_HEAD_DIM(p.head_dim, kD, {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(p.num_q_heads, p.batch);
-    cfg.blockDim = dim3(kD);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    KVARN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, combine_kernel<kD>,
-                                        static_cast<const float*>(a.o_part),
-                                        static_cast<const float*>(a.lse), p.num_q_heads, splits,
-                                        a.rot_scale, reinterpret_cast<__half*>(b.out)));
-  })
+  out_rot = a.rot_scale;
+  launch_combine(p, a.o_part, a.lse, splits, out_rot, b.out, stream);
 }
 
 }  // namespace kvarn::cuda

@@ -3,6 +3,7 @@
 #define KVARN_CUDA_SRC_DECODE_LAUNCH_CUH_
 
 #include "kvarn/cuda/decode.cuh"
+#include "kvarn/cuda/decode_tq.cuh"
 
 namespace kvarn::cuda::detail {
 
@@ -54,6 +55,19 @@ void launch_decode(const DecodeArgs& a, const LaunchShape& s, cudaStream_t strea
     })
   })
 }
+
+// TurboQuant: stage bytes (16-token items) and dynamic shared memory.
+inline int tq_slot_bytes(int head_dim, int kb, int vb) {
+  const int key = kb == 8 ? head_dim : head_dim * kb / 8 + 2;
+  return (key + head_dim * vb / 8 + 4 + 1) / 2 * 2;
+}
+inline int tq_stage_bytes(int slot) { return round128(16LL * slot); }
+inline int tq_smem_bytes(int slot) {
+  return 128 + TqTraits<128, 4, 4>::kStages * tq_stage_bytes(slot);
+}
+void fill_tq_tables(int head_dim, int key_bits, TqDecodeArgs& a);
+bool launch_turboquant(int kb, int vb, const TqDecodeArgs& a, int head_dim, const LaunchShape& s,
+                       cudaStream_t st);
 
 // Per-file entry points (return false when the bit pair is not compiled in that file).
 bool launch_kvarn_k4(int kb, int vb, const DecodeArgs& a, const LaunchShape& s, cudaStream_t st);

@@ -40,16 +40,27 @@ void kvarn_append(const KvarnConfig& cfg, int head_dim, int num_tokens, int num_
                   std::uint16_t* k_pool, std::uint16_t* v_pool, cudaStream_t stream = nullptr);
 
 // ---- paged decode attention ----
-enum class DecodeFormat { kKvarn, kFp16, kFp8 };
+enum class DecodeFormat { kKvarn, kFp16, kFp8, kTurboQuant };
+
+// TurboQuant (vLLM presets): 4bit_nc = {4, 4, true}, 3bit_nc = {3, 3, true}, k8v4 = {8, 4, false}.
+struct TqDecodeConfig {
+  int key_bits = 4;    // 3, 4 (Hadamard + Lloyd-Max indices) or 8 (fp8 e4m3, no rotation)
+  int value_bits = 4;  // 3, 4
+  bool nc = true;      // norm correction (Lloyd-Max keys only)
+};
+// Bytes of one per-token slot (K idx + fp16 norm | fp8 K, V codes + fp16 scale + fp16 zero,
+// rounded up to even): 134 / 102 / 196 at D 128.
+int turboquant_slot_bytes(int head_dim, const TqDecodeConfig& c);
 
 struct DecodeProblem {
   DecodeFormat format = DecodeFormat::kKvarn;
   int batch = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
-  int block_size = 128;  // KVarN: cfg.group; FP16/FP8: page size
+  int block_size = 128;  // KVarN: cfg.group; FP16/FP8/TurboQuant: page size (TQ: multiple of 16)
   int max_blocks = 0;    // block_table row length
   float softmax_scale = 0.0f;  // 0: 1/sqrt(head_dim)
   int num_splits = 0;          // 0: automatic
   KvarnConfig kvarn;           // KVarN only (bits, group, rotation, scales)
+  TqDecodeConfig tq;           // TurboQuant only
 };
 
 struct DecodeBuffers {
@@ -59,7 +70,7 @@ struct DecodeBuffers {
   const int* seq_lens = nullptr;     // [batch]
   const std::uint8_t* records = nullptr;  // KVarN
   const int* block_to_slot = nullptr;     // KVarN [num_blocks], -1: record
-  const void* k_pool = nullptr;           // KVarN pool / FP16 / FP8 pages
+  const void* k_pool = nullptr;  // KVarN pool / FP16 / FP8 pages / TurboQuant [blocks, Hkv, P, slot]
   const void* v_pool = nullptr;
   const float* k_scale = nullptr;  // FP8 [Hkv]
   const float* v_scale = nullptr;

@@ -118,6 +118,14 @@ __device__ __forceinline__ std::uint32_t codes_to_half2(std::uint32_t x) {
   return r;
 }
 
+// The same without the hfma2: half2 of 1024 + c * 2^(f kBits) (exact; f kBits <= 6). The caller
+// removes 1024 * sum(other operand) and the 2^(f kBits) factor outside the mma.
+template <int kBits, int kField>
+__device__ __forceinline__ std::uint32_t codes_raw(std::uint32_t x) {
+  constexpr std::uint32_t kMask = ((1u << kBits) - 1u) << (kField * kBits);
+  return (x & (kMask | (kMask << 16))) | 0x64006400u;
+}
+
 // kBytes (1, 2, 4, 8, 16 or 32; aligned) from shared memory into 32-bit words.
 template <int kBytes>
 __device__ __forceinline__ void lds_bytes(const unsigned char* p,

@@ -31,8 +31,11 @@
 //       q'' = q * s_col_k / kmax in fp16 (kmax = max |s_col_k| of the record);
 //     O[h,d] += s_col_v[d] * (vmax * sum_t p''[h,t] code_v[t,d] + sum_t p[h,t] zp_v[t]),
 //       p'' = p * s_row_v / vmax in fp16.
-//     Codes become fp16 with the 0x6400 magic exponent (codes_to_half2): K fragments pair two
-//     channel rows (prmt of the two rows' bytes), V fragments pair two token rows.
+//     Codes become fp16 1024 + c 2^(f bits) with the 0x6400 magic exponent and one lop3
+//     (codes_raw, no hfma2): K fragments pair two channel rows (prmt of the two rows' bytes), V
+//     fragments pair two token rows. The 1024 offset is removed per record with sum_d q'' /
+//     sum_t p'' (one mma of the B fragment against a ones A fragment per k-step) and the
+//     2^(f bits) factor of field f folds into kmax / vmax.
 //     Token order inside a record: M-tile m, row g + 8 e <-> token g * G / 8 + 2 m + e, so each
 //     lane reads G / 8 consecutive tokens of a channel row with one load.
 //   Row items: K fragments by ldmatrix (fp16) / ldmatrix + cvt.e4m3x2 (fp8); V fragments by
@@ -373,6 +376,11 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
       }
       const float qz_h[2] = {__shfl_sync(0xffffffffu, qz, 8 * c),
                              __shfl_sync(0xffffffffu, qz, 8 * c + 4)};
+      constexpr std::uint32_t kOnes = 0x3C003C00u;
+      const std::uint32_t ones_a[4] = {kOnes, kOnes, kOnes, kOnes};
+      float qsum[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum_d q'' of heads 2c, 2c + 1 (fp16 operands)
+#pragma unroll
+      for (int s = 0; s < KS; ++s) mma_16816(qsum, ones_a, kb[s]);
 
       // S^T = K codes x q'': lane reads channel rows 16 s + 2c + {0, 1, 8, 9}
       float sc[T::kMT][4];
@@ -399,17 +407,17 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
             const std::uint32_t x0 = __byte_perm(w0[j / 4], w1[j / 4], detail::pair_sel(j % 4));
             const std::uint32_t x1 = __byte_perm(w2[j / 4], w3[j / 4], detail::pair_sel(j % 4));
             if (i % T::kPackK == 0) {
-              af[e] = codes_to_half2<KB, 0>(x0);
-              af[2 + e] = codes_to_half2<KB, 0>(x1);
+              af[e] = codes_raw<KB, 0>(x0);
+              af[2 + e] = codes_raw<KB, 0>(x1);
             } else if (i % T::kPackK == 1) {
-              af[e] = codes_to_half2<KB, 1>(x0);
-              af[2 + e] = codes_to_half2<KB, 1>(x1);
+              af[e] = codes_raw<KB, 1>(x0);
+              af[2 + e] = codes_raw<KB, 1>(x1);
             } else if (i % T::kPackK == 2) {
-              af[e] = codes_to_half2<KB, 2>(x0);
-              af[2 + e] = codes_to_half2<KB, 2>(x1);
+              af[e] = codes_raw<KB, 2>(x0);
+              af[2 + e] = codes_raw<KB, 2>(x1);
             } else {
-              af[e] = codes_to_half2<KB, 3>(x0);
-              af[2 + e] = codes_to_half2<KB, 3>(x1);
+              af[e] = codes_raw<KB, 3>(x0);
+              af[2 + e] = codes_raw<KB, 3>(x1);
             }
           }
           mma_16816(sc[m], af, kb[s]);
@@ -419,13 +427,21 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
       float sr[T::kTokThr];
       detail::load_scales<T::kTokThr>(rec + a.s_row_k + g * T::kTokThr * (a.fp8_scales ? 1 : 2),
                                       a.fp8_scales, sr);
+      // sum_d q'' code = (acc - 1024 sum_d q'') 2^(-f KB), field f = token % kPackK
+      float ka[T::kPackK], kz[T::kPackK][2];
+#pragma unroll
+      for (int f = 0; f < T::kPackK; ++f) {
+        ka[f] = kmax * (1.0f / static_cast<float>(1 << (f * KB)));
+        kz[f][0] = qz_h[0] - ka[f] * 1024.0f * qsum[0];
+        kz[f][1] = qz_h[1] - ka[f] * 1024.0f * qsum[1];
+      }
       const int tok0 = g * T::kTokThr;
 #pragma unroll
       for (int m = 0; m < T::kMT; ++m)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const int t = 2 * m + (r >> 1);
-          const float s = sr[t] * (kmax * sc[m][r] + qz_h[r & 1]);
+          const int t = 2 * m + (r >> 1), f = t % T::kPackK;
+          const float s = sr[t] * (ka[f] * sc[m][r] + kz[f][r & 1]);
           sc[m][r] = tok0 + t < n_valid ? s : -INFINITY;
         }
       float alpha[2];
@@ -457,6 +473,17 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
         pz[0] += __shfl_xor_sync(0xffffffffu, pz[0], o2);
         pz[1] += __shfl_xor_sync(0xffffffffu, pz[1], o2);
       }
+      float psum[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum_t p'' of heads 2c, 2c + 1
+#pragma unroll
+      for (int m = 0; m < T::kMT; ++m) mma_16816(psum, ones_a, pb[m]);
+      // sum_t p'' code = (acc - 1024 sum_t p'') 2^(-f VB), field f = channel % kPackV
+      float va[T::kPackV], vz[T::kPackV][2];
+#pragma unroll
+      for (int f = 0; f < T::kPackV; ++f) {
+        va[f] = vmax * (1.0f / static_cast<float>(1 << (f * VB)));
+        vz[f][0] = pz[0] - va[f] * 1024.0f * psum[0];
+        vz[f][1] = pz[1] - va[f] * 1024.0f * psum[1];
+      }
 
       // O^T tile = V codes^T x P'': k-step m pairs token rows t0 = 2c G/8 + 2m and t0 + G/8
       float co[KS][4];
@@ -483,17 +510,17 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
             const std::uint32_t x0 = __byte_perm(u0[j / 4], u1[j / 4], detail::pair_sel(j % 4));
             const std::uint32_t x1 = __byte_perm(u2[j / 4], u3[j / 4], detail::pair_sel(j % 4));
             if (i % T::kPackV == 0) {
-              af[e] = codes_to_half2<VB, 0>(x0);
-              af[2 + e] = codes_to_half2<VB, 0>(x1);
+              af[e] = codes_raw<VB, 0>(x0);
+              af[2 + e] = codes_raw<VB, 0>(x1);
             } else if (i % T::kPackV == 1) {
-              af[e] = codes_to_half2<VB, 1>(x0);
-              af[2 + e] = codes_to_half2<VB, 1>(x1);
+              af[e] = codes_raw<VB, 1>(x0);
+              af[2 + e] = codes_raw<VB, 1>(x1);
             } else if (i % T::kPackV == 2) {
-              af[e] = codes_to_half2<VB, 2>(x0);
-              af[2 + e] = codes_to_half2<VB, 2>(x1);
+              af[e] = codes_raw<VB, 2>(x0);
+              af[2 + e] = codes_raw<VB, 2>(x1);
             } else {
-              af[e] = codes_to_half2<VB, 3>(x0);
-              af[2 + e] = codes_to_half2<VB, 3>(x1);
+              af[e] = codes_raw<VB, 3>(x0);
+              af[2 + e] = codes_raw<VB, 3>(x1);
             }
           }
           mma_16816(co[mt], af, pb[m]);
@@ -506,8 +533,8 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
       for (int mt = 0; mt < KS; ++mt)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const float s = scv[2 * mt + (r >> 1)];
-          o[mt][r] = o[mt][r] * alpha[r & 1] + s * (vmax * co[mt][r] + pz[r & 1]);
+          const int ch = 2 * mt + (r >> 1), f = ch % T::kPackV;  // g D/8 is a multiple of kPackV
+          o[mt][r] = o[mt][r] * alpha[r & 1] + scv[ch] * (va[f] * co[mt][r] + vz[f][r & 1]);
         }
     }
   };

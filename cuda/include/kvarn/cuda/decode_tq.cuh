@@ -1,0 +1,417 @@
+// Paged decode attention over a TurboQuant cache (vLLM presets turboquant_4bit_nc, _3bit_nc,
+// _k8v4) on tensor cores, split-K with the log-sum-exp combine of decode.cuh.
+//
+// Cache (one layer): bytes [num_blocks, Hkv, P, slot], one vLLM per-token slot per (token, head):
+//   key:   k = 3/4: LSB-first index stream ceil(D k / 8) bytes + fp16 norm; k = 8: D e4m3 bytes
+//   value: LSB-first code stream D v / 8 bytes + fp16 scale + fp16 zero (min); slot rounded even.
+// (vLLM keeps the same slot bytes token-major within a block, [block, P, Hkv, slot]; head-major
+// pages keep the 16-token runs of one head contiguous and 16-byte aligned for cp.async.)
+// Score (exp2 domain): s_t = norm_t * nc_t * <q H / sqrt(D), c[idx_t]> with
+//   nc_t = 1 / sqrt(sum_d c[idx_td]^2 + 1e-16) (norm correction, computed here: the slot has no
+//   room for it); k = 8: s_t = <q, fp8(k_t)> (no rotation). Values are never rotated:
+//   O[h, d] = sum_t p[h, t] (q_td s_t + z_t) = sum_t p''[h, t] q_td + sum_t p[h, t] z_t,
+//   p'' = p * s_t (fp16). The output is not un-rotated.
+// Work item: 16 tokens of one page (16 * slot bytes, copied verbatim with cp.async into one of
+// kStages stages; bytes past the sequence are zero-filled). One warp per CTA, lane = 4 g + c.
+//   QK^T: A = centroids [tokens g, g + 8 (M) x channels (k)], B = q'^T, C = S^T. Lane c owns
+//     the channels [c D/4, (c + 1) D/4): k-step s, A/B element e <-> channel c D/4 + 4 s + e
+//     (so a lane reads one 16-bit word of 4-bit indices per k-step and token). Indices become
+//     fp16 centroids in registers: the 16 (8) fp16 centroids are split into a low-byte and a
+//     high-byte plane held in 4 (2) registers, prmt looks up four codes at once (bit 3 of a
+//     4-bit code selects the plane half through a prmt sign-replicate mask).
+//     Norm correction: sum_d c^2 per token by one extra mma per k-step on hmul2(A, A) against
+//     a ones B fragment (rows = tokens, all columns equal).
+//   PV: A = value codes^T [channels (M) x tokens (k)], B = P''^T (movmatrix of S^T). Codes
+//     become exact fp16 integers (codes_to_half2: 0x6400 exponent, lop3 + hfma2); row e of an
+//     M-tile holds channel g D/8 + 2 mt + e, code field e of a byte pair. (Keeping 1024 + c in
+//     the operand and subtracting 1024 sum p'' at the end, as the KVarN records do per record,
+//     cost 1.7e-5 NMSE here: O accumulates across all items of a split.)
+#ifndef KVARN_CUDA_DECODE_TQ_CUH_
+#define KVARN_CUDA_DECODE_TQ_CUH_
+
+#include "kvarn/cuda/decode.cuh"
+
+namespace kvarn::cuda {
+
+struct TqDecodeArgs {
+  const __half* q;
+  const int* block_table;
+  int max_blocks;
+  const int* seq_lens;
+  const unsigned char* cache;  // [num_blocks, Hkv, P, slot]
+  int num_q_heads, num_kv_heads, qpk, num_splits;
+  int page;         // P (multiple of 16)
+  int stage_bytes;  // multiple of 128, >= 16 * slot
+  float qk_scale;   // softmax scale * log2(e)
+  float rot_scale;  // 1/sqrt(D) (Lloyd-Max keys) or 0 (fp8 keys)
+  int nc;           // norm correction
+  // fp16 centroid byte planes: byte i of lo[] / hi[] = low / high byte of centroid i
+  std::uint32_t tab_lo[4], tab_hi[4];
+  float* o_part;
+  float* lse;
+};
+
+template <int D, int KB, int VB>
+struct TqTraits {
+  static constexpr int kKSteps = D / 16;
+  static constexpr int kIdxBytes = KB == 8 ? D : D * KB / 8;
+  static constexpr int kKeyBytes = KB == 8 ? D : kIdxBytes + 2;
+  static constexpr int kVCodeBytes = D * VB / 8;
+  static constexpr int kSlot = (kKeyBytes + kVCodeBytes + 4 + 1) / 2 * 2;
+  static constexpr int kItemBytes = 16 * kSlot;
+  static constexpr int kStages = 6;
+  static_assert(D % 64 == 0 && (KB == 3 || KB == 4 || KB == 8) && (VB == 3 || VB == 4), "tq");
+};
+
+namespace detail {
+
+// 16-bit little-endian word at an even shared-memory address.
+__device__ __forceinline__ std::uint32_t lds_u16(const unsigned char* p) {
+  return *reinterpret_cast<const unsigned short*>(p);
+}
+// kBytes (even) from an even shared address into 32-bit words (LSB-first bit string).
+template <int kBytes>
+__device__ __forceinline__ void lds_even(const unsigned char* p, std::uint32_t (&w)[(kBytes + 3) / 4]) {
+#pragma unroll
+  for (int i = 0; i < kBytes / 2; i += 2) {
+    const std::uint32_t lo = lds_u16(p + 2 * i);
+    w[i / 2] = i + 1 < kBytes / 2 ? __byte_perm(lo, lds_u16(p + 2 * i + 2), 0x5410) : lo;
+  }
+}
+// Bits [bit, bit + 32) of the LSB-first string w (bit a compile-time constant after unrolling).
+template <int N>
+__device__ __forceinline__ std::uint32_t bits_at(const std::uint32_t (&w)[N], int bit) {
+  const int i = bit / 32, sh = bit % 32;
+  if (sh == 0) return w[i];
+  return i + 1 < N ? __funnelshift_r(w[i], w[i + 1], sh) : w[i] >> sh;
+}
+// Four 3-bit codes (bits 0..11 of x) -> nibbles 0..3 (bit 3 of each nibble clear).
+__device__ __forceinline__ std::uint32_t spread3(std::uint32_t x) {
+  return (x & 0x7u) | ((x << 1) & 0x70u) | ((x << 2) & 0x700u) | ((x << 3) & 0x7000u);
+}
+// Four codes (nibbles 0..3 of x; 16 entries, or 8 with bit 3 clear) -> fp16 centroids of
+// channels +0, +1 (a02[0]) and +2, +3 (a02[1]).
+template <int KB>
+__device__ __forceinline__ void centroids4(std::uint32_t x, const std::uint32_t (&lo_t)[4],
+                                           const std::uint32_t (&hi_t)[4], std::uint32_t& a0,
+                                           std::uint32_t& a2) {
+  std::uint32_t lo, hi;
+  if constexpr (KB == 4) {
+    const std::uint32_t j = x & 0x7777u;
+    // 0xff bytes where bit 3 is set: prmt's sign-replicate selectors (bit 3 of a selector
+    // nibble; __byte_perm drops it, hence the inline PTX)
+    std::uint32_t m;
+    asm("prmt.b32 %0, %1, %2, 0x9D8C;\n" : "=r"(m) : "r"(x), "r"(x << 4));
+    const std::uint32_t l0 = __byte_perm(lo_t[0], lo_t[1], j), l1 = __byte_perm(lo_t[2], lo_t[3], j);
+    const std::uint32_t h0 = __byte_perm(hi_t[0], hi_t[1], j), h1 = __byte_perm(hi_t[2], hi_t[3], j);
+    lo = (l0 & ~m) | (l1 & m);
+    hi = (h0 & ~m) | (h1 & m);
+  } else {
+    lo = __byte_perm(lo_t[0], lo_t[1], x);
+    hi = __byte_perm(hi_t[0], hi_t[1], x);
+  }
+  a0 = __byte_perm(lo, hi, 0x5140);
+  a2 = __byte_perm(lo, hi, 0x7362);
+}
+__device__ __forceinline__ std::uint32_t hmul2_u32(std::uint32_t a) {
+  const __half2 h = *reinterpret_cast<const __half2*>(&a);
+  const __half2 r = __hmul2(h, h);
+  return *reinterpret_cast<const std::uint32_t*>(&r);
+}
+
+}  // namespace detail
+
+template <int D, int KB, int VB>
+__global__ void __launch_bounds__(32, 16) paged_decode_tq_kernel(TqDecodeArgs a) {
+  using T = TqTraits<D, KB, VB>;
+  constexpr int KS = T::kKSteps;
+  constexpr std::uint32_t kOnes = 0x3C003C00u;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  int* desc = reinterpret_cast<int*>(smem_raw);  // [kStages] valid tokens of the item
+  unsigned char* stages = smem_raw + 128;
+
+  const int lane = threadIdx.x, g = lane >> 2, c = lane & 3;
+  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int len = a.seq_lens[b];
+  const int P = a.page;
+  const int nb = (len + P - 1) / P;
+  const int bps = (nb + a.num_splits - 1) / a.num_splits;
+  const int j_begin = split * bps;
+  const int j_end = min(nb, j_begin + bps);
+  const int* table = a.block_table + static_cast<long long>(b) * a.max_blocks;
+
+  // ---- query: head g, channel c D/4 + 4 s + e; rotate (FWHT over the channel bits); scale ----
+  float qf[KS][4];
+  {
+    const bool live = g < a.qpk;
+    const __half* qrow = a.q + (static_cast<long long>(b) * a.num_q_heads + h * a.qpk + g) * D;
+#pragma unroll
+    for (int s = 0; s < KS; ++s)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        float2 v = make_float2(0.0f, 0.0f);
+        if (live)
+          v = __half22float2(*reinterpret_cast<const __half2*>(qrow + c * (D / 4) + 4 * s + e));
+        qf[s][e] = v.x;
+        qf[s][e + 1] = v.y;
+      }
+    if (a.rot_scale != 0.0f) {  // butterflies on bit e0, c (lanes), e1, s: the same set
+#pragma unroll
+      for (int s = 0; s < KS; ++s)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const float u = qf[s][e], w = qf[s][e + 1];
+          qf[s][e] = u + w;
+          qf[s][e + 1] = u - w;
+        }
+#pragma unroll
+      for (int bit = 1; bit <= 2; bit <<= 1) {
+        const bool upper = (c & bit) != 0;
+#pragma unroll
+        for (int s = 0; s < KS; ++s)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float w = __shfl_xor_sync(0xffffffffu, qf[s][e], bit);
+            qf[s][e] = upper ? w - qf[s][e] : qf[s][e] + w;
+          }
+      }
+#pragma unroll
+      for (int s = 0; s < KS; ++s)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float u = qf[s][e], w = qf[s][e + 2];
+          qf[s][e] = u + w;
+          qf[s][e + 2] = u - w;
+        }
+#pragma unroll
+      for (int hs = 1; hs < KS; hs <<= 1)
+#pragma unroll
+        for (int s = 0; s < KS; ++s)
+          if ((s & hs) == 0)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float u = qf[s][e], w = qf[s + hs][e];
+              qf[s][e] = u + w;
+              qf[s + hs][e] = u - w;
+            }
+    }
+    const float scale = (a.rot_scale != 0.0f ? a.rot_scale : 1.0f) * a.qk_scale;
+#pragma unroll
+    for (int s = 0; s < KS; ++s)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) qf[s][e] *= scale;
+  }
+  std::uint32_t qb[KS][2];
+#pragma unroll
+  for (int s = 0; s < KS; ++s) {
+    qb[s][0] = pack_half2(qf[s][0], qf[s][1]);
+    qb[s][1] = pack_half2(qf[s][2], qf[s][3]);
+  }
+  std::uint32_t lo_t[4], hi_t[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    lo_t[i] = a.tab_lo[i];
+    hi_t[i] = a.tab_hi[i];
+  }
+
+  float o[KS][4];
+#pragma unroll
+  for (int i = 0; i < KS; ++i)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) o[i][r] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  float pz[2] = {0.0f, 0.0f};              // lane partial of sum_t p z_t (tokens g, g + 8)
+
+  // ---- producer ----
+  int win_base = -1000000, win = 0;
+  auto block_phys = [&](int j) {
+    if (j - win_base >= 32) {
+      win_base = j;
+      win = j + lane < j_end ? table[j + lane] : 0;
+    }
+    return __shfl_sync(0xffffffffu, win, j - win_base);
+  };
+  int pj = j_begin, pc = 0;
+  auto issue = [&](int stage) {
+    const int phys = block_phys(pj);
+    const int row0 = pc * 16;
+    const int n_blk = min(P, len - pj * P);
+    const int n = min(16, n_blk - row0);
+    const unsigned char* src =
+        a.cache + ((static_cast<long long>(phys) * a.num_kv_heads + h) * P + row0) * T::kSlot;
+    unsigned char* dst = stages + stage * a.stage_bytes;
+    const int valid = n * T::kSlot;
+#pragma unroll 2
+    for (int o16 = lane * 16; o16 < T::kItemBytes; o16 += 32 * 16)
+      cp_async16(dst + o16, src + (o16 < valid ? o16 : 0), o16 < valid);
+    if (lane == 0) desc[stage] = n;
+    if (row0 + 16 >= n_blk) {
+      ++pj;
+      pc = 0;
+    } else {
+      ++pc;
+    }
+  };
+
+  auto process = [&](const unsigned char* st, int n) {
+    // ---- S^T = centroids x q' ----
+    float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const unsigned char* k0 = st + g * T::kSlot;
+    const unsigned char* k1 = k0 + 8 * T::kSlot;
+    if constexpr (KB == 8) {
+#pragma unroll
+      for (int s = 0; s < KS; ++s) {
+        const int off = c * (D / 4) + 4 * s;
+        const std::uint32_t w0 = *reinterpret_cast<const std::uint32_t*>(k0 + off);
+        const std::uint32_t w1 = *reinterpret_cast<const std::uint32_t*>(k1 + off);
+        const std::uint32_t af[4] = {e4m3x2_to_half2(w0), e4m3x2_to_half2(w1),
+                                     e4m3x2_to_half2(w0 >> 16), e4m3x2_to_half2(w1 >> 16)};
+        mma_16816(sc, af, qb[s]);
+      }
+    } else {
+      constexpr int kLaneBytes = D / 4 * KB / 8;  // 32 channels: 16 (4-bit) / 12 (3-bit) bytes
+      std::uint32_t w0[(kLaneBytes + 3) / 4], w1[(kLaneBytes + 3) / 4];
+      detail::lds_even<kLaneBytes>(k0 + c * kLaneBytes, w0);
+      detail::lds_even<kLaneBytes>(k1 + c * kLaneBytes, w1);
+      const std::uint32_t ones_b[2] = {kOnes, kOnes};
+#pragma unroll
+      for (int s = 0; s < KS; ++s) {
+        std::uint32_t x0 = detail::bits_at(w0, 4 * KB * s), x1 = detail::bits_at(w1, 4 * KB * s);
+        if constexpr (KB == 3) {
+          x0 = detail::spread3(x0);
+          x1 = detail::spread3(x1);
+        }
+        std::uint32_t af[4];
+        detail::centroids4<KB>(x0, lo_t, hi_t, af[0], af[2]);
+        detail::centroids4<KB>(x1, lo_t, hi_t, af[1], af[3]);
+        mma_16816(sc, af, qb[s]);
+        if (a.nc) {
+          const std::uint32_t sq[4] = {detail::hmul2_u32(af[0]), detail::hmul2_u32(af[1]),
+                                       detail::hmul2_u32(af[2]), detail::hmul2_u32(af[3])};
+          mma_16816(cs, sq, ones_b);
+        }
+      }
+    }
+    // ---- scores of tokens g (sc[0], sc[1]) and g + 8 (sc[2], sc[3]) ----
+    if constexpr (KB != 8) {
+      float f0 = __half2float(__ushort_as_half(static_cast<unsigned short>(detail::lds_u16(k0 + T::kIdxBytes))));
+      float f1 = __half2float(__ushort_as_half(static_cast<unsigned short>(detail::lds_u16(k1 + T::kIdxBytes))));
+      if (a.nc) {
+        f0 *= rsqrtf(cs[0] + 1e-16f);
+        f1 *= rsqrtf(cs[2] + 1e-16f);
+      }
+      sc[0] *= f0;
+      sc[1] *= f0;
+      sc[2] *= f1;
+      sc[3] *= f1;
+    }
+    if (g >= n) sc[0] = sc[1] = -INFINITY;
+    if (g + 8 >= n) sc[2] = sc[3] = -INFINITY;
+    float sc2[1][4] = {{sc[0], sc[1], sc[2], sc[3]}};
+    float alpha[2];
+    detail::online_softmax<1>(sc2, m_run, l_run, alpha);
+#pragma unroll
+    for (int mt = 0; mt < KS; ++mt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) o[mt][r] *= alpha[r & 1];
+    pz[0] *= alpha[0];
+    pz[1] *= alpha[1];
+
+    // ---- P'' = p * s_t; sum_t p z_t ----
+    const float2 sz0 = unpack_half2(detail::lds_u16(k0 + T::kKeyBytes + T::kVCodeBytes) |
+                                    (detail::lds_u16(k0 + T::kKeyBytes + T::kVCodeBytes + 2) << 16));
+    const float2 sz1 = unpack_half2(detail::lds_u16(k1 + T::kKeyBytes + T::kVCodeBytes) |
+                                    (detail::lds_u16(k1 + T::kKeyBytes + T::kVCodeBytes + 2) << 16));
+    pz[0] += sc2[0][0] * sz0.y + sc2[0][2] * sz1.y;
+    pz[1] += sc2[0][1] * sz0.y + sc2[0][3] * sz1.y;
+    std::uint32_t pb[2] = {movmatrix_trans(pack_half2(sc2[0][0] * sz0.x, sc2[0][1] * sz0.x)),
+                           movmatrix_trans(pack_half2(sc2[0][2] * sz1.x, sc2[0][3] * sz1.x))};
+
+    // ---- O^T += value codes^T x P'': tokens 2c, 2c + 1 (a[0], a[1]), 2c + 8, 2c + 9 ----
+    constexpr int kLaneV = D / 8 * VB / 8;  // bytes of the lane's D/8 channels (8 / 6 / 4 / 3)
+    constexpr int kLoadV = (kLaneV + 1) / 2 * 2;  // from the even address below voff
+    static_assert(kLaneV % 2 == 0 || kLoadV <= 4, "odd lane bytes only for 3 bytes");
+    const int voff = T::kKeyBytes + g * kLaneV;
+    [[maybe_unused]] const int vsh = 8 * (voff & 1);
+    std::uint32_t u[4][(kLoadV + 3) / 4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int t = 2 * c + (i & 1) + 8 * (i >> 1);
+      detail::lds_even<kLoadV>(st + t * T::kSlot + (voff & ~1), u[i]);
+      if constexpr (kLaneV % 2 != 0) u[i][0] >>= vsh;
+    }
+#pragma unroll
+    for (int mt = 0; mt < KS; ++mt) {
+      std::uint32_t af[4];
+      if constexpr (VB == 4) {
+        const std::uint32_t sel = detail::pair_sel(mt % 4);
+        const std::uint32_t x0 = __byte_perm(u[0][mt / 4], u[1][mt / 4], sel);
+        const std::uint32_t x1 = __byte_perm(u[2][mt / 4], u[3][mt / 4], sel);
+        af[0] = codes_to_half2<4, 0>(x0);
+        af[1] = codes_to_half2<4, 1>(x0);
+        af[2] = codes_to_half2<4, 0>(x1);
+        af[3] = codes_to_half2<4, 1>(x1);
+      } else {
+        const std::uint32_t x0 = __byte_perm(detail::bits_at(u[0], 6 * mt), detail::bits_at(u[1], 6 * mt), 0x5410);
+        const std::uint32_t x1 = __byte_perm(detail::bits_at(u[2], 6 * mt), detail::bits_at(u[3], 6 * mt), 0x5410);
+        af[0] = codes_to_half2<3, 0>(x0);
+        af[1] = codes_to_half2<3, 1>(x0);
+        af[2] = codes_to_half2<3, 0>(x1);
+        af[3] = codes_to_half2<3, 1>(x1);
+      }
+      mma_16816(o[mt], af, pb);
+    }
+  };
+
+  // ---- pipeline ----
+  auto more = [&] { return pj < j_end; };
+  int issued = 0;
+#pragma unroll
+  for (int i = 0; i < T::kStages - 1; ++i) {
+    if (more()) issue(issued++ % T::kStages);
+    cp_async_commit();
+  }
+  for (int it = 0; it < issued; ++it) {
+    cp_async_wait<T::kStages - 2>();
+    __syncwarp();
+    if (more()) issue(issued++ % T::kStages);
+    cp_async_commit();
+    const int stage = it % T::kStages;
+    process(stages + stage * a.stage_bytes, desc[stage]);
+    __syncwarp();
+  }
+  cp_async_wait<0>();
+
+  // ---- O = acc + sum p z; normalize; write (heads 2c, 2c + 1) ----
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+#pragma unroll
+    for (int o2 = 4; o2 < 32; o2 <<= 1) {
+      l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], o2);
+      pz[k] += __shfl_xor_sync(0xffffffffu, pz[k], o2);
+    }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int head = 2 * c + k;
+    if (head >= a.qpk) continue;
+    const long long row = static_cast<long long>(b) * a.num_q_heads + h * a.qpk + head;
+    const float l = l_run[k];
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float* dst = a.o_part + (row * a.num_splits + split) * D + g * (D / 8);
+#pragma unroll
+    for (int i = 0; i < D / 8; i += 4) {
+      float4 v;
+      v.x = (o[i / 2][k] + pz[k]) * inv;
+      v.y = (o[i / 2][2 + k] + pz[k]) * inv;
+      v.z = (o[i / 2 + 1][k] + pz[k]) * inv;
+      v.w = (o[i / 2 + 1][2 + k] + pz[k]) * inv;
+      *reinterpret_cast<float4*>(dst + i) = v;
+    }
+    if (g == 0) a.lse[row * a.num_splits + split] = l > 0.0f ? m_run[k] + log2f(l) : -INFINITY;
+  }
+  grid_dep_launch();
+}
+
+}  // namespace kvarn::cuda
+
+#endif  // KVARN_CUDA_DECODE_TQ_CUH_

@@ -1,0 +1,52 @@
+// TurboQuant decode: centroid tables from core's codebook, launch of the split kernel.
+#include "decode_launch.cuh"
+#include "kvarn/core/lloyd_max.hpp"
+#include "kvarn/core/portable_math.hpp"
+#include "kvarn/cuda/decode_tq.cuh"
+
+namespace kvarn::cuda::detail {
+
+void fill_tq_tables(int head_dim, int key_bits, TqDecodeArgs& a) {
+  for (int i = 0; i < 4; ++i) a.tab_lo[i] = a.tab_hi[i] = 0;
+  if (key_bits == 8) return;
+  const ScalarCodebook& cb = vllm_turboquant_codebook(head_dim, key_bits);
+  for (int i = 0; i < static_cast<int>(cb.centroids.size()); ++i) {
+    const std::uint16_t hb = float_to_half_bits(cb.centroids[i]);
+    a.tab_lo[i / 4] |= static_cast<std::uint32_t>(hb & 0xff) << (8 * (i % 4));
+    a.tab_hi[i / 4] |= static_cast<std::uint32_t>(hb >> 8) << (8 * (i % 4));
+  }
+}
+
+namespace {
+template <int KB, int VB>
+void launch_tq(const TqDecodeArgs& a, int head_dim, const LaunchShape& s, cudaStream_t stream) {
+  DISPATCH_HEAD_DIM(head_dim, kD, {
+    const int smem = 128 + TqTraits<kD, KB, VB>::kStages * a.stage_bytes;
+    auto kernel = paged_decode_tq_kernel<kD, KB, VB>;
+    static int smem_set = 0;
+    if (smem > smem_set) {
+      KVARN_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      smem_set = smem;
+    }
+    kernel<<<dim3(s.num_splits, s.num_kv_heads, s.batch), 32, smem, stream>>>(a);
+    KVARN_CUDA_CHECK_LAUNCH();
+  })
+}
+}  // namespace
+
+bool launch_turboquant(int kb, int vb, const TqDecodeArgs& a, int head_dim, const LaunchShape& s,
+                       cudaStream_t st) {
+  if (kb == 4 && vb == 4) {
+    launch_tq<4, 4>(a, head_dim, s, st);
+  } else if (kb == 3 && vb == 3) {
+    launch_tq<3, 3>(a, head_dim, s, st);
+  } else if (kb == 8 && vb == 4) {
+    launch_tq<8, 4>(a, head_dim, s, st);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace kvarn::cuda::detail

@@ -1,0 +1,208 @@
+// TurboQuant paged decode against a CPU reference attention over the same packed cache: the
+// slot bytes come from core's TurboQuant codecs (vLLM layout), the reference uses the codecs'
+// reconstruction (original frame, fp64 accumulation).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cuda_test_util.hpp"
+#include "kvarn/core/portable_math.hpp"
+#include "kvarn/core/rng.hpp"
+#include "kvarn/core/turboquant.hpp"
+
+namespace kvarn {
+namespace {
+
+struct TqCase {
+  int kb, vb;
+  bool nc;
+  int d, hq, hkv, batch, max_len, page;
+  int splits = 0;
+  std::uint64_t seed = 1;
+};
+
+std::string tq_name(const TqCase& c) {
+  std::ostringstream o;
+  o << "tq_k" << c.kb << "v" << c.vb << (c.nc ? "_nc" : "") << "_d" << c.d << "_hq" << c.hq
+    << "_hkv" << c.hkv << "_b" << c.batch << "_L" << c.max_len << "_P" << c.page << "_s"
+    << c.splits << "_seed" << c.seed;
+  return o.str();
+}
+
+class TqDecode : public ::testing::TestWithParam<TqCase> {};
+
+TEST_P(TqDecode, MatchesCpuReference) {
+  KVARN_REQUIRE_GPU();
+  const TqCase c = GetParam();
+  const int d = c.d, hkv = c.hkv, hq = c.hq, qpk = hq / hkv, P = c.page;
+  Rng rng(c.seed * 9173 + 5);
+  TurboQuantConfig tcfg;
+  tcfg.key_bits = c.kb;
+  tcfg.value_bits = c.vb;
+  tcfg.norm_correction = c.nc;
+  tcfg.boundary = 0;
+  const TurboQuantMethod method(tcfg);
+  const LayerContext layer{0, 1};
+  auto kcodec = method.make_codec(StreamKind::kKey, d, layer);
+  auto vcodec = method.make_codec(StreamKind::kValue, d, layer);
+  cuda::TqDecodeConfig qc{c.kb, c.vb, c.nc};
+  const int slot = cuda::turboquant_slot_bytes(d, qc);
+  ASSERT_EQ(static_cast<std::size_t>(slot), kcodec->chunk_bytes() + vcodec->chunk_bytes());
+
+  std::vector<int> lens(c.batch);
+  for (int b = 0; b < c.batch; ++b) {
+    const int pick = static_cast<int>(rng.next() % 5);
+    lens[b] = pick == 0 ? 1
+              : pick == 1 ? std::min(c.max_len, P * (1 + static_cast<int>(rng.next() % 3)))
+              : pick == 2 ? std::min(c.max_len, P + 1)
+                          : 1 + static_cast<int>(rng.next() % c.max_len);
+  }
+  if (c.batch == 1) lens[0] = c.max_len;
+  int max_blocks = 0, total_blocks = 0;
+  for (int L : lens) {
+    max_blocks = std::max(max_blocks, (L + P - 1) / P);
+    total_blocks += (L + P - 1) / P;
+  }
+  const int num_phys = total_blocks + 3;
+  std::vector<int> perm(num_phys);
+  std::iota(perm.begin(), perm.end(), 0);
+  for (int i = num_phys - 1; i > 0; --i) std::swap(perm[i], perm[rng.next() % (i + 1)]);
+  std::vector<int> table(static_cast<std::size_t>(c.batch) * max_blocks, -1);
+  std::vector<std::uint8_t> cache(static_cast<std::size_t>(num_phys) * hkv * P * slot, 0xFF);
+  std::vector<std::vector<float>> kref(c.batch * hkv), vref(c.batch * hkv);
+  int next_phys = 0;
+  std::vector<float> row(d), krec(d), vrec(d), chan(d);
+  for (int b = 0; b < c.batch; ++b) {
+    const int L = lens[b];
+    for (int j = 0; j < (L + P - 1) / P; ++j)
+      table[static_cast<std::size_t>(b) * max_blocks + j] = perm[next_phys++];
+    for (int h = 0; h < hkv; ++h) {
+      auto& kr = kref[b * hkv + h];
+      auto& vr = vref[b * hkv + h];
+      kr.assign(static_cast<std::size_t>(L) * d, 0.0f);
+      vr.assign(static_cast<std::size_t>(L) * d, 0.0f);
+      for (auto& ch : chan) ch = static_cast<float>(std::exp(0.7 * rng.normal()));
+      for (int t = 0; t < L; ++t) {
+        const int phys = table[static_cast<std::size_t>(b) * max_blocks + t / P];
+        std::uint8_t* dst =
+            cache.data() + ((static_cast<std::size_t>(phys) * hkv + h) * P + t % P) * slot;
+        std::size_t off = 0;
+        for (int x = 0; x < d; ++x) row[x] = static_cast<float>(rng.normal()) * chan[x] + 0.3f;
+        Chunk kc;
+        kcodec->encode(row.data(), 1, &kc, krec.data());
+        for (int x = 0; x < d; ++x) row[x] = static_cast<float>(rng.normal()) * 1.5f - 0.2f;
+        Chunk vc;
+        vcodec->encode(row.data(), 1, &vc, vrec.data());
+        for (const Chunk* ch : {&kc, &vc})
+          for (const Field& f : ch->fields) {
+            std::copy(f.bytes.begin(), f.bytes.end(), dst + off);
+            off += f.bytes.size();
+          }
+        ASSERT_EQ(off, static_cast<std::size_t>(slot));
+        std::copy(krec.begin(), krec.end(), kr.begin() + static_cast<std::size_t>(t) * d);
+        std::copy(vrec.begin(), vrec.end(), vr.begin() + static_cast<std::size_t>(t) * d);
+      }
+    }
+  }
+  std::vector<std::uint16_t> q(static_cast<std::size_t>(c.batch) * hq * d);
+  for (auto& x : q) x = float_to_half_bits(static_cast<float>(rng.normal()));
+
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  std::vector<float> ref(q.size());
+  for (int b = 0; b < c.batch; ++b)
+    for (int hh = 0; hh < hq; ++hh) {
+      const int h = hh / qpk, L = lens[b];
+      const std::uint16_t* qr = &q[(static_cast<std::size_t>(b) * hq + hh) * d];
+      std::vector<double> s(L);
+      double m = -1e300;
+      for (int t = 0; t < L; ++t) {
+        double acc = 0;
+        for (int x = 0; x < d; ++x)
+          acc += double(half_bits_to_float(qr[x])) * kref[b * hkv + h][static_cast<std::size_t>(t) * d + x];
+        s[t] = acc * scale;
+        m = std::max(m, s[t]);
+      }
+      double l = 0;
+      std::vector<double> o(d, 0.0);
+      for (int t = 0; t < L; ++t) {
+        const double p = std::exp(s[t] - m);
+        l += p;
+        for (int x = 0; x < d; ++x) o[x] += p * vref[b * hkv + h][static_cast<std::size_t>(t) * d + x];
+      }
+      for (int x = 0; x < d; ++x)
+        ref[(static_cast<std::size_t>(b) * hq + hh) * d + x] = static_cast<float>(o[x] / l);
+    }
+
+  DeviceBuffer<std::uint16_t> dq(q), dout(q.size());
+  DeviceBuffer<int> dtable(table), dlens(lens);
+  DeviceBuffer<std::uint8_t> dcache(cache);
+  cuda::DecodeProblem p;
+  p.format = cuda::DecodeFormat::kTurboQuant;
+  p.batch = c.batch;
+  p.num_q_heads = hq;
+  p.num_kv_heads = hkv;
+  p.head_dim = d;
+  p.block_size = P;
+  p.max_blocks = max_blocks;
+  p.num_splits = c.splits;
+  p.tq = qc;
+  DeviceBuffer<std::uint8_t> ws(cuda::decode_workspace_bytes(p));
+  cuda::DecodeBuffers bufs;
+  bufs.q = dq.get();
+  bufs.out = dout.get();
+  bufs.block_table = dtable.get();
+  bufs.seq_lens = dlens.get();
+  bufs.k_pool = dcache.get();
+  bufs.workspace = ws.get();
+  for (int rep = 0; rep < 2; ++rep) {
+    dout.fill_bytes(0xFF);
+    ws.fill_bytes(0xFF);
+    cuda::paged_decode(p, bufs);
+    KVARN_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto out = dout.download();
+    double num = 0, den = 0;
+    std::size_t unwritten = 0;
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      const float v = half_bits_to_float(out[i]);
+      if (!std::isfinite(v)) {
+        ++unwritten;
+        continue;
+      }
+      num += (double(v) - ref[i]) * (double(v) - ref[i]);
+      den += double(ref[i]) * ref[i];
+    }
+    const double nmse = num / std::max(den, 1e-30);
+    EXPECT_EQ(unwritten, 0u) << tq_name(c);
+    EXPECT_LE(nmse, 1e-5) << tq_name(c);
+    if (rep == 0) std::printf("[ nmse ] %s %.3e\n", tq_name(c).c_str(), nmse);
+  }
+}
+
+std::vector<TqCase> tq_cases() {
+  std::vector<TqCase> v;
+  for (auto [kb, vb, nc] : std::vector<std::tuple<int, int, bool>>{{4, 4, true}, {3, 3, true}, {8, 4, false}}) {
+    v.push_back({kb, vb, nc, 128, 32, 8, 3, 700, 16});
+    v.push_back({kb, vb, nc, 128, 32, 8, 4, 900, 64});
+    v.push_back({kb, vb, nc, 64, 12, 4, 5, 400, 32});     // D 64, qpk 3 (padded)
+    v.push_back({kb, vb, nc, 128, 16, 2, 1, 1, 16});      // a single token
+    v.push_back({kb, vb, nc, 128, 64, 8, 2, 3000, 16, 40});  // qpk 8, many explicit splits
+    v.push_back({kb, vb, nc, 128, 32, 8, 1, 5000, 128});  // long, automatic splits
+  }
+  v.push_back({4, 4, false, 128, 32, 8, 3, 500, 16});     // Lloyd-Max keys without nc
+  v.push_back({3, 3, true, 64, 8, 8, 7, 300, 16, 0, 3});  // MHA, D 64, 3-bit (odd lane bytes)
+  v.push_back({4, 4, true, 128, 40, 8, 6, 1200, 32, 0, 4});  // qpk 5, ragged
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, TqDecode, ::testing::ValuesIn(tq_cases()),
+                         [](const auto& info) { return tq_name(info.param); });
+
+}  // namespace
+}  // namespace kvarn
