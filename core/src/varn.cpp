@@ -25,7 +25,8 @@ KVARN_SIMD_CLONES void row_stds(const float* x, int rows, int cols, std::vector<
   for (int r = 0; r < rows; ++r) out[r] = canonical_std(x + static_cast<size_t>(r) * cols, cols);
 }
 
-// a[r][c] = src[r][c] / by_col[c]: the first division of the upstream T / exp(log_sc) / exp(log_sr).
+// a[r][c] = src[r][c] / by_col[c]: the first division of the upstream T / exp(log_sc) /
+// exp(log_sr).
 KVARN_SIMD_CLONES void divide_cols(const float* src, int rows, int cols, const float* by_col,
                                    float* a) {
   for (int r = 0; r < rows; ++r) {
@@ -129,6 +130,28 @@ KVARN_SIMD_CLONES void divide_and_stats(const float* a, int rows, int cols, cons
   }
 }
 
+// log_s = clamp(log_s + log(clamp(std)), log_min, log_max); s = exp(log_s), for every scale of
+// one axis. The scales are independent, so the portable log/exp vectorize across them.
+KVARN_SIMD_CLONES void update_log_scales(const std::vector<float>& stds, const VarnParams& p,
+                                         std::vector<float>& log_s, std::vector<float>& s) {
+  for (size_t i = 0; i < stds.size(); ++i) {
+    log_s[i] = clampf(log_s[i] + portable_log(clampf(stds[i], p.std_min, p.std_max)), p.log_min,
+                      p.log_max);
+    s[i] = portable_exp(log_s[i]);
+  }
+}
+
+// out[r][c] = a[r][c] / by_row[r] (the final balanced tile; no statistics needed).
+KVARN_SIMD_CLONES void divide_rows(const float* a, int rows, int cols, const float* by_row,
+                                   float* out) {
+  for (int r = 0; r < rows; ++r) {
+    const float* s = a + static_cast<size_t>(r) * cols;
+    float* o = out + static_cast<size_t>(r) * cols;
+    const float rr = by_row[r];
+    for (int c = 0; c < cols; ++c) o[c] = s[c] / rr;
+  }
+}
+
 struct Workspace {
   std::vector<float> a, cur;
   void resize(size_t n) {
@@ -150,8 +173,8 @@ float imbalance(const float* x, int rows, int cols, float floor) {
 
 VarnResult variance_normalize(const float* tile, int rows, int cols, const VarnParams& p,
                               float* balanced) {
-  KVARN_CHECK(rows >= 8 && cols >= 8 && rows % 8 == 0 && cols % 8 == 0,
-              "variance_normalize: tile ", rows, "x", cols, " must have sides that are multiples of 8");
+  KVARN_CHECK(rows >= 8 && cols >= 8 && rows % 8 == 0 && cols % 8 == 0, "variance_normalize: tile ",
+              rows, "x", cols, " must have sides that are multiples of 8");
   KVARN_CHECK(p.iters >= 0, "variance_normalize: iterations must be >= 0, got ", p.iters);
   thread_local Workspace ws;
   const size_t n = static_cast<size_t>(rows) * cols;
@@ -172,18 +195,10 @@ VarnResult variance_normalize(const float* tile, int rows, int cols, const VarnP
 
   for (int it = 1; it <= p.iters; ++it) {
     // col_std holds the column stds of the current cur (computed at the end of the last step).
-    for (int c = 0; c < cols; ++c) {
-      log_sc[c] = clampf(log_sc[c] + portable_log(clampf(col_std[c], p.std_min, p.std_max)),
-                         p.log_min, p.log_max);
-      sc[c] = portable_exp(log_sc[c]);
-    }
+    update_log_scales(col_std, p, log_sc, sc);
     divide_cols(tile, rows, cols, sc.data(), a);
     divide_and_stats<false>(a, rows, cols, sr.data(), cur, row_std, col_std);
-    for (int r = 0; r < rows; ++r) {
-      log_sr[r] = clampf(log_sr[r] + portable_log(clampf(row_std[r], p.std_min, p.std_max)),
-                         p.log_min, p.log_max);
-      sr[r] = portable_exp(log_sr[r]);
-    }
+    update_log_scales(row_std, p, log_sr, sr);
     divide_and_stats<true>(a, rows, cols, sr.data(), cur, row_std, col_std);
     float imb = ratio(col_std, p.imbalance_floor) + ratio(row_std, p.imbalance_floor);
     res.trace.push_back(imb);
@@ -196,7 +211,7 @@ VarnResult variance_normalize(const float* tile, int rows, int cols, const VarnP
   }
   res.imbalance_after = best;
   divide_cols(tile, rows, cols, res.s_col.data(), a);
-  divide_and_stats<false>(a, rows, cols, res.s_row.data(), balanced, row_std, col_std);
+  divide_rows(a, rows, cols, res.s_row.data(), balanced);
   return res;
 }
 

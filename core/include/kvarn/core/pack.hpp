@@ -15,16 +15,57 @@ namespace kvarn {
 KVARN_HD constexpr int pack_factor(int bits) { return 8 / bits; }
 
 KVARN_HD constexpr std::size_t packed_bytes(std::size_t n, int bits) {
-  return (n + static_cast<std::size_t>(pack_factor(bits)) - 1) / static_cast<std::size_t>(pack_factor(bits));
+  return (n + static_cast<std::size_t>(pack_factor(bits)) - 1) /
+         static_cast<std::size_t>(pack_factor(bits));
 }
 
+namespace detail {
+template <int BITS>
+KVARN_HD void pack_codes_fixed(const std::uint8_t* codes, std::size_t n, std::uint8_t* out) {
+  constexpr int kPf = 8 / BITS;
+  const std::size_t full = n / kPf;
+  for (std::size_t b = 0; b < full; ++b) {
+    unsigned v = 0;
+    for (int j = 0; j < kPf; ++j) v |= static_cast<unsigned>(codes[b * kPf + j]) << (j * BITS);
+    out[b] = static_cast<std::uint8_t>(v);
+  }
+  if (full * kPf < n) {
+    unsigned v = 0;
+    for (std::size_t c = full * kPf; c < n; ++c)
+      v |= static_cast<unsigned>(codes[c]) << ((c % kPf) * BITS);
+    out[full] = static_cast<std::uint8_t>(v);
+  }
+}
+}  // namespace detail
+
 // Packs n codes (each < 2^bits) into packed_bytes(n, bits) bytes; unused high bits are zero.
+// Compile-time packing factors: the generic loop divides per element.
 KVARN_HD void pack_codes(const std::uint8_t* codes, std::size_t n, int bits, std::uint8_t* out) {
-  const int pf = pack_factor(bits);
-  const std::size_t nb = packed_bytes(n, bits);
-  for (std::size_t b = 0; b < nb; ++b) out[b] = 0;
-  for (std::size_t c = 0; c < n; ++c) {
-    out[c / pf] = static_cast<std::uint8_t>(out[c / pf] | (codes[c] << ((c % pf) * bits)));
+  switch (bits) {
+    case 1:
+      detail::pack_codes_fixed<1>(codes, n, out);
+      return;
+    case 2:
+      detail::pack_codes_fixed<2>(codes, n, out);
+      return;
+    case 3:
+      detail::pack_codes_fixed<3>(codes, n, out);
+      return;
+    case 4:
+      detail::pack_codes_fixed<4>(codes, n, out);
+      return;
+    case 5:
+      detail::pack_codes_fixed<5>(codes, n, out);
+      return;
+    case 6:
+      detail::pack_codes_fixed<6>(codes, n, out);
+      return;
+    case 7:
+      detail::pack_codes_fixed<7>(codes, n, out);
+      return;
+    default:
+      detail::pack_codes_fixed<8>(codes, n, out);
+      return;
   }
 }
 
