@@ -28,6 +28,11 @@ void add_validate_command(CLI::App& app);
 void add_compare_command(CLI::App& app);
 // `kvarn-eval merge`: combines shard run directories.
 void add_merge_command(CLI::App& app);
+// `kvarn-eval capture`: real KV tiles from an HF checkpoint (needs the libtorch runner; without
+// it the subcommand exists and says so).
+
+// `report RUN_DIR`: the Python report of a run directory.
+void add_report_command(CLI::App& app);
 
 // The command line as one string (for provenance records); set by main().
 void set_command_line(int argc, char** argv);
