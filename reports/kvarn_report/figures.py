@@ -422,7 +422,7 @@ def fig_decode(run: RunData, styles, out_dir: str) -> Optional[Figure]:
     if any(np.any(y[0] > 0) for _, _, y in series):
         ax.set_yscale("log")
     ax.set_xlabel("Decode step (generated tokens)")
-    ax.set_ylabel("KL divergence of next-token attention (nats, log scale)")
+    ax.set_ylabel("Next-token KL(FP16 ‖ method) (nats, log scale)")
     ax.set_title("Divergence from the FP16 reference during decoding")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="Method")
     fig.tight_layout()
@@ -430,10 +430,11 @@ def fig_decode(run: RunData, styles, out_dir: str) -> Optional[Figure]:
     return Figure(
         "decode_kl",
         "Divergence against decode step",
-        "KL divergence between the attention distributions computed from the FP16 cache and from the "
-        "quantized cache at each decode step (nats, log scale), for a generation that keeps "
-        "appending to the quantized cache. A curve that rises with the step shows error building up "
-        "over a long generation; lower is better."
+        "KL divergence between the next-token distributions of the model with the FP16 cache and "
+        "with the quantized cache at each decode step (nats, log scale), teacher-forced on the FP16 "
+        "run's greedy tokens after the pseudo-decoded context, so the quantized cache keeps growing "
+        "(docs/metrics.md §5). A curve that rises with the step shows error building up over a long "
+        "generation; lower is better."
         + (" Long series are shown as a moving average (bold) over the raw values (faint)." if smoothed else ""),
         "figures/decode_kl.png",
         "figures/decode_kl.pdf",
@@ -621,7 +622,8 @@ def fig_throughput(run: RunData, styles, out_dir: str) -> Optional[Figure]:
         edge = styles[k]["color"] if k else "0.3"
         a = accs[i]
         if nshapes > 1:
-            ax.errorbar([cap], [spd], xerr=[[cap - crng[0]], [crng[1] - cap]], yerr=[[spd - srng[0]], [srng[1] - spd]],
+            ax.errorbar([cap], [spd], xerr=[[max(0.0, cap - crng[0])], [max(0.0, crng[1] - cap)]],
+                        yerr=[[max(0.0, spd - srng[0])], [max(0.0, srng[1] - spd)]],  # gmean rounding
                         fmt="none", ecolor="0.6", elinewidth=0.8, capsize=2, zorder=2)
         if norm is not None and not math.isnan(a):
             sc = ax.scatter([cap], [spd], c=[max(a, norm.vmin)], cmap=cmap, norm=norm, s=140, marker=marker,
