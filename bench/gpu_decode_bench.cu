@@ -381,7 +381,7 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("store/k" + std::to_string(kb) + "v" + std::to_string(vb)).c_str(),
                                  [kb, vb](benchmark::State& s) { BM_Store(s, kb, vb); })
         ->UseManualTime()->Iterations(1)->Unit(benchmark::kMicrosecond);
-  for (int batch : {1, 8, 32, 128})
+  for (int batch : {1, 8, 32, 128, 1024})
     benchmark::RegisterBenchmark(("store_launch/k4v2/b" + std::to_string(batch)).c_str(),
                                  [batch](benchmark::State& s) { BM_Store(s, 4, 2, batch); })
         ->UseManualTime()->Iterations(1)->Unit(benchmark::kMicrosecond);

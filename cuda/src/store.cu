@@ -69,11 +69,11 @@ void kvarn_store(const KvarnConfig& cfg, int head_dim, const StoreTiles& t, cuda
   a.end = static_cast<int>(lay.end);
   DISPATCH_HEAD_DIM(head_dim, kD, {
     DISPATCH_GROUP_STORE(cfg.group, kG, {
-      const int smem = store_smem_floats<kD, kG>() * 4;
+      const int smem = store_smem_bytes<kD, kG>();
       auto kernel = kvarn_store_kernel<kD, kG>;
       KVARN_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      kernel<<<dim3(t.num_tiles, 2), kStoreThreads, smem, stream>>>(a);
+      kernel<<<dim3(t.num_tiles, 2), store_threads<kD, kG>(), smem, stream>>>(a);
       KVARN_CUDA_CHECK_LAUNCH();
     })
   })

@@ -27,17 +27,28 @@ std::vector<std::uint16_t> make_rows(Rng& rng, std::size_t tokens, int heads, in
   return out;
 }
 
+// Exact zeros of both signs (ties of +0/-0 in RTN's min/max, zero rows, zero stds): every 5th
+// token all zero, every 3rd element of the others +0 or -0.
+void add_zeros(std::vector<std::uint16_t>& rows, std::size_t row_elems) {
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const std::size_t t = i / row_elems;
+    if (t % 5 == 2 || i % 3 == 0) rows[i] = (i / 3) % 2 ? 0x8000 : 0x0000;
+  }
+}
+
 struct StoreCase {
   int kb, vb, g, d;
   bool fp8 = false;
   RotationKind rot = RotationKind::kHadamard;
   int iters = 8;
+  bool zeros = false;
 };
 
 std::string case_name(const StoreCase& c) {
   std::ostringstream o;
   o << "k" << c.kb << "v" << c.vb << "_g" << c.g << "_d" << c.d << (c.fp8 ? "_fp8" : "")
-    << (c.rot == RotationKind::kNone ? "_norot" : "") << "_it" << c.iters;
+    << (c.rot == RotationKind::kNone ? "_norot" : "") << "_it" << c.iters
+    << (c.zeros ? "_zeros" : "");
   return o.str();
 }
 
@@ -59,6 +70,10 @@ TEST_P(StoreBitIdentity, RecordBytesMatchCpu) {
   // input layout [blocks, G, heads, D]
   auto k = make_rows(rng, static_cast<std::size_t>(blocks) * g, heads, d, true);
   auto v = make_rows(rng, static_cast<std::size_t>(blocks) * g, heads, d, false);
+  if (c.zeros) {
+    add_zeros(k, static_cast<std::size_t>(heads) * d);
+    add_zeros(v, static_cast<std::size_t>(heads) * d);
+  }
   DeviceBuffer<std::uint16_t> dk(k), dv(v);
   DeviceBuffer<std::uint8_t> rec(static_cast<std::size_t>(blocks) * heads * lay.aligned);
   rec.fill_bytes(0xA5);  // poison: every byte must be written
@@ -107,6 +122,10 @@ std::vector<StoreCase> store_cases() {
   v.push_back({1, 5, 64, 128});
   v.push_back({4, 2, 128, 128, false, RotationKind::kHadamard, 0});
   v.push_back({4, 2, 128, 128, false, RotationKind::kHadamard, 20});
+  v.push_back({4, 2, 128, 128, false, RotationKind::kNone, 8, true});
+  v.push_back({4, 4, 64, 64, false, RotationKind::kNone, 8, true});
+  v.push_back({8, 8, 256, 128, true, RotationKind::kNone, 8, true});
+  v.push_back({4, 2, 32, 128, false, RotationKind::kHadamard, 8, true});
   return v;
 }
 

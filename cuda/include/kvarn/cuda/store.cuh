@@ -1,16 +1,25 @@
 // KVarN store kernel (rotate -> VarN -> RTN -> pack) and the fp16 append kernel.
 //
-// Store: grid (num_tiles, 2), blockIdx.y = stream (0 keys, 1 values), kStoreThreads threads.
+// Store: grid (num_tiles, 2), blockIdx.y = stream (0 keys, 1 values), store_threads<D, G>()
+//   threads (512 or 1024).
 //   Input rows are fp16, token-major: tile t = (blk, head) with blk = t / num_heads,
 //   head = t % num_heads; element (token g, channel d) at
 //     in[blk * block_stride + head * head_stride + g * row_stride + d].
 //   Output: the record of tile t at records + (dst_block[blk] * num_heads + head) * record_bytes
 //   (dst_block == nullptr: identity), byte-identical to kvarn::kvarn_encode_record.
-//   Shared memory: the oriented fp32 tile X[R][C + 1] (K: R = D channels, C = G tokens;
-//   V: R = G tokens, C = D channels; +1 pads rows across banks), then per-axis vectors.
-//   Bit-identity: every statistic runs in one thread in the canonical order of reduce.hpp
-//   (thread r owns row r, thread c owns column c), divisions in the reference order
-//   (x / s_col) / s_row, portable log/exp, RNE rounding; compiled with --fmad=false.
+//   Oriented tile R x C (K: R = D channels, C = G tokens; V: R = G tokens, C = D channels).
+//   Shared memory: cur fp32 [R][C + 8] (FWHT scratch, then the current balanced tile, then the
+//   codes), x fp16 [R][C + 8] (the rotated fp16 tile: exact, read every iteration), per-axis
+//   scale/std vectors and per-warp max/min partials.
+//   Parallel but bit-identical (latency): every row/column statistic is split over 8 adjacent
+//   lanes; lane j accumulates the elements i = j (mod 8) in increasing i (the canonical partial
+//   p[j] of reduce.hpp) and three xor shuffles (4, 2, 1) form exactly combine8's tree
+//   ((p0+p4)+(p2+p6)) + ((p1+p5)+(p3+p7)) in every lane. Row items (r, j) own row r's elements
+//   c = j + 8k in registers; column items (c, j) read rows r = j + 8k of cur. The scale updates
+//   (portable log/exp in double) run once per row/column, thread r or c. Divisions keep the
+//   reference order (x / s_col) / s_row, max/min are order independent (RTN's min/max keep the
+//   first index among equal values, as the sequential std::min/std::max scan), RNE rounding,
+//   compiled with --fmad=false. Five barriers per VarN iteration.
 //
 // Append: grid (num_tokens), rows [num_tokens, num_heads, D] fp16 -> rotated fp16 rows into
 //   pool[(slot * num_heads + head) * G + offset][D], slot/offset = pool_pos[token] / % G.
@@ -27,8 +36,6 @@
 #include "kvarn/cuda/common.cuh"
 
 namespace kvarn::cuda {
-
-constexpr int kStoreThreads = 256;
 
 struct StoreArgs {
   const std::uint16_t* k;
@@ -56,40 +63,22 @@ __device__ __forceinline__ float clampf_ref(float x, float lo, float hi) {
   return hi < y ? hi : y;
 }
 
-// canonical_std over n elements produced by f(i), identical arithmetic to reduce.hpp.
-template <typename F>
-__device__ __forceinline__ float std_of(int n, F f) {
-  float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int i = 0; i < n; i += 8) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) p[j] += f(i + j);
-  }
-  const float mean = combine8(p) / static_cast<float>(n);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) p[j] = 0.0f;
-  for (int i = 0; i < n; i += 8) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      float d = f(i + j) - mean;
-      p[j] += d * d;
-    }
-  }
-  return sqrt_rn(combine8(p) / static_cast<float>(n - 1));
+// combine8 over the 8 lanes of an aligned lane group, lane j holding p[j]: xor 4 pairs
+// (p0+p4), (p1+p5), (p2+p6), (p3+p7); xor 2 gives (p0+p4)+(p2+p6) and (p1+p5)+(p3+p7); xor 1
+// adds those two. a + b == b + a bitwise, so every lane ends with combine8's exact value.
+__device__ __forceinline__ float combine8_lanes(float p) {
+  p = p + __shfl_xor_sync(0xffffffffu, p, 4);
+  p = p + __shfl_xor_sync(0xffffffffu, p, 2);
+  p = p + __shfl_xor_sync(0xffffffffu, p, 1);
+  return p;
 }
 
-// ratio(s) = max(s) / max(min(s), floor) by warp 0 (max/min are order independent).
-__device__ __forceinline__ float ratio_warp(const float* s, int n, float floor) {
-  const int lane = threadIdx.x & 31;
-  float mx = s[0], mn = s[0];
-  for (int i = lane; i < n; i += 32) {
-    mx = fmaxf(mx, s[i]);
-    mn = fminf(mn, s[i]);
-  }
+__device__ __forceinline__ void warp_maxmin(float& mx, float& mn) {
+#pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, o));
   }
-  return mx / fmaxf(mn, floor);
 }
 
 __device__ __forceinline__ void store_scale(std::uint8_t* dst, float v, int fp8) {
@@ -107,131 +96,235 @@ __device__ __forceinline__ void store_half(std::uint8_t* dst, float v) {
   dst[1] = static_cast<std::uint8_t>(h >> 8);
 }
 
-}  // namespace detail
+constexpr float kInf = __builtin_huge_valf();
 
-template <int D, int G>
-constexpr int store_smem_floats() {
-  constexpr int kTile = (D > G ? D * (G + 1) : G * (D + 1));  // max of both orientations
-  return kTile + 8 * (D > G ? D : G) + 8;
-}
+// fp16 bits -> float by the hardware conversion (exact for every fp16 value, subnormals too).
+__device__ __forceinline__ float h2f(std::uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
-template <int D, int G>
-__global__ void __launch_bounds__(kStoreThreads) kvarn_store_kernel(StoreArgs a) {
-  extern __shared__ float smem[];
-  const bool is_key = blockIdx.y == 0;
-  const int R = is_key ? D : G, C = is_key ? G : D;
-  const int ld = C + 1;
-  float* x = smem;
-  constexpr int kTile = (D > G ? D * (G + 1) : G * (D + 1));
-  float* log_sc = smem + kTile;
-  float* sc = log_sc + C;
-  float* best_sc = sc + C;
-  float* col_std = best_sc + C;
-  float* log_sr = col_std + C;
-  float* sr = log_sr + R;
-  float* best_sr = sr + R;
-  float* row_std = best_sr + R;
-  float* misc = row_std + R;  // [0] best, [1] flag
-  const int tid = threadIdx.x;
+// One stream of one tile: oriented R x C, T threads, F floats per [R][C + 8] buffer.
+template <int D, int G, int R, int C, bool IS_KEY, int T, int F>
+__device__ __forceinline__ void store_stream(const StoreArgs& a, float* smem) {
+  constexpr int LD = C + 8;       // fp32 and fp16 row pitch (conflict-free row access)
+  constexpr int CL = C + 16;      // code byte pitch
+  constexpr int ER = C / 8;       // elements per row lane
+  constexpr int EC = R / 8;       // elements per column lane
+  constexpr int NRI = (R * 8 + T - 1) / T, NCI = (C * 8 + T - 1) / T;
+  constexpr int NW = T / 32;
+  static_assert(R <= T && C <= T && NW <= 32 && T % 32 == 0 && (R * 8) % 32 == 0 && (C * 8) % 32 == 0, "shape");
+  float* cur = smem;
+  std::uint16_t* xh = reinterpret_cast<std::uint16_t*>(smem + F);
+  constexpr int M = D > G ? D : G;
+  float* sc_buf = smem + F + F / 2;  // s_col of the current iteration
+  float* best_sc_buf = sc_buf + M;
+  float* tmp_c = best_sc_buf + M;    // column stds
+  float* sr_buf = tmp_c + M;         // s_row of the current iteration
+  float* best_sr_buf = sr_buf + M;
+  float* tmp_r = best_sr_buf + M;    // row stds for the s_row update
+  float* part = tmp_r + M;           // [parity][row/col][warp][max, min]
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, j = tid & 7;
 
   const int tile = blockIdx.x;
   const int blk = tile / a.num_heads, head = tile % a.num_heads;
-  const std::uint16_t* in = (is_key ? a.k : a.v) + blk * a.block_stride + head * a.head_stride;
-  // element (token g, channel d) -> oriented address
-  auto addr = [&](int g, int d) { return is_key ? d * ld + g : g * ld + d; };
+  const std::uint16_t* in =
+      (IS_KEY ? a.k : a.v) + blk * a.block_stride + head * a.head_stride;
 
-  for (int i = tid; i < G * D; i += kStoreThreads) {
+  // ---- load, rotate (FWHT along d), round to fp16 ----
+  for (int i = tid; i < G * D; i += T) {
     const int g = i / D, d = i % D;
-    x[addr(g, d)] = half_bits_to_float(in[g * a.row_stride + d]);
+    const float v = half_bits_to_float(in[g * a.row_stride + d]);
+    if (IS_KEY) {
+      cur[d * LD + g] = v;
+    } else {
+      cur[g * LD + d] = v;
+    }
   }
   __syncthreads();
   if (a.hadamard) {
     for (int h = 1; h < D; h <<= 1) {
-      for (int p = tid; p < G * D / 2; p += kStoreThreads) {
-        const int g = p / (D / 2), q = p % (D / 2);
-        const int j = (q / h) * 2 * h + q % h;
-        const float u = x[addr(g, j)], w = x[addr(g, j + h)];
-        x[addr(g, j)] = u + w;
-        x[addr(g, j + h)] = u - w;
+      for (int p = tid; p < G * D / 2; p += T) {
+        int g, q;
+        if (IS_KEY) {
+          g = p % G;
+          q = p / G;
+        } else {
+          q = p % (D / 2);
+          g = p / (D / 2);
+        }
+        const int jj = (q / h) * 2 * h + q % h;
+        float* u = IS_KEY ? cur + jj * LD + g : cur + g * LD + jj;
+        const int step = IS_KEY ? h * LD : h;
+        const float x0 = u[0], x1 = u[step];
+        u[0] = x0 + x1;
+        u[step] = x0 - x1;
       }
       __syncthreads();
     }
-    for (int i = tid; i < G * D; i += kStoreThreads) {
-      const int g = i / D, d = i % D;
-      x[addr(g, d)] = round_to_half(x[addr(g, d)] * a.rot_scale);
-    }
-  } else {
-    for (int i = tid; i < G * D; i += kStoreThreads) {
-      const int g = i / D, d = i % D;
-      x[addr(g, d)] = round_to_half(x[addr(g, d)]);
-    }
   }
-  for (int c = tid; c < C; c += kStoreThreads) {
-    log_sc[c] = 0.0f;
-    sc[c] = 1.0f;
-    best_sc[c] = 1.0f;
-  }
-  for (int r = tid; r < R; r += kStoreThreads) {
-    log_sr[r] = 0.0f;
-    sr[r] = 1.0f;
-    best_sr[r] = 1.0f;
+  for (int i = tid; i < R * C; i += T) {
+    const int r = i / C, c = i % C;
+    const float v = cur[r * LD + c];
+    xh[r * LD + c] = float_to_half_bits(a.hadamard ? v * a.rot_scale : v);
   }
   __syncthreads();
 
-  // ---- VarN ----
-  auto cur = [&](int r, int c) { return (x[r * ld + c] / sc[c]) / sr[r]; };
-  for (int c = tid; c < C; c += kStoreThreads)
-    col_std[c] = detail::std_of(R, [&](int r) { return x[r * ld + c]; });
-  for (int r = tid; r < R; r += kStoreThreads)
-    row_std[r] = detail::std_of(C, [&](int c) { return x[r * ld + c]; });
-  __syncthreads();
-  if (tid < 32) {
-    const float rc = detail::ratio_warp(col_std, C, a.floor);
-    const float rr = detail::ratio_warp(row_std, R, a.floor);
-    if (tid == 0) misc[0] = rc + rr;
+  // ---- VarN: iteration 0 = the initial statistics (scales 1) ----
+  // Per iteration: [R1 a = x / s_col, stds of a / s_row -> tmp_r] | [R2 new s_row, one thread
+  // per row] | [R3 cur = a / s_row, row stds, cur to shared] | [C1 column stds -> tmp_c] |
+  // [C2 imbalance, best scales, next s_col, one thread per column] |. R1/R2 are skipped at
+  // iteration 0. The log/exp chains (double) run once per row/column, not once per lane.
+  float log_sr_t = 0.0f, log_sc_t = 0.0f;  // owned by thread r (< R) / c (< C)
+  if (tid < R) {
+    sr_buf[tid] = 1.0f;
+    best_sr_buf[tid] = 1.0f;
+  }
+  if (tid < C) {
+    sc_buf[tid] = 1.0f;
+    best_sc_buf[tid] = 1.0f;
   }
   __syncthreads();
-  for (int it = 1; it <= a.iters; ++it) {
-    for (int c = tid; c < C; c += kStoreThreads) {
-      log_sc[c] = detail::clampf_ref(
-          log_sc[c] + portable_log(detail::clampf_ref(col_std[c], a.std_min, a.std_max)),
-          a.log_min, a.log_max);
-      sc[c] = portable_exp(log_sc[c]);
-    }
-    __syncthreads();
-    for (int r = tid; r < R; r += kStoreThreads) {
-      const float s = detail::std_of(C, [&](int c) { return cur(r, c); });
-      log_sr[r] = detail::clampf_ref(
-          log_sr[r] + portable_log(detail::clampf_ref(s, a.std_min, a.std_max)), a.log_min,
-          a.log_max);
-      sr[r] = portable_exp(log_sr[r]);  // only row r reads sr[r] in this loop
-    }
-    __syncthreads();
-    for (int r = tid; r < R; r += kStoreThreads)
-      row_std[r] = detail::std_of(C, [&](int c) { return cur(r, c); });
-    for (int c = tid; c < C; c += kStoreThreads)
-      col_std[c] = detail::std_of(R, [&](int r) { return cur(r, c); });
-    __syncthreads();
-    if (tid < 32) {
-      const float rc = detail::ratio_warp(col_std, C, a.floor);
-      const float rr = detail::ratio_warp(row_std, R, a.floor);
-      const float imb = rc + rr;
-      if (tid == 0) {
-        const bool better = imb <= misc[0];
-        if (better) misc[0] = imb;
-        misc[1] = better ? 1.0f : 0.0f;
+  float best = 0.0f;
+  for (int it = 0; it <= a.iters; ++it) {
+    float* pr = part + (it & 1) * 4 * 32;  // [row/col][warp][2]
+    float av[NRI][ER];
+#pragma unroll
+    for (int ii = 0; ii < NRI; ++ii) {
+      const int item = tid + ii * T;
+      if (item < R * 8) {
+        const std::uint16_t* xr = xh + (item >> 3) * LD + j;
+#pragma unroll
+        for (int k = 0; k < ER; ++k) av[ii][k] = h2f(xr[8 * k]);
       }
     }
+    if (it > 0) {
+      // R1
+#pragma unroll
+      for (int ii = 0; ii < NRI; ++ii) {
+        const int item = tid + ii * T;
+        if (item < R * 8) {
+          const int r = item >> 3;
+          float* cr = cur + r * LD + j;  // this lane's slots: scratch for a / s_row
+#pragma unroll
+          for (int k = 0; k < ER; ++k) av[ii][k] = av[ii][k] / sc_buf[j + 8 * k];
+          const float so = sr_buf[r];
+          float p = 0.0f;
+#pragma unroll
+          for (int k = 0; k < ER; ++k) {
+            const float v = av[ii][k] / so;
+            cr[8 * k] = v;
+            p += v;
+          }
+          const float mean = combine8_lanes(p) / static_cast<float>(C);
+          p = 0.0f;
+#pragma unroll
+          for (int k = 0; k < ER; ++k) {
+            const float dv = cr[8 * k] - mean;
+            p += dv * dv;
+          }
+          const float s = sqrt_rn(combine8_lanes(p) / static_cast<float>(C - 1));
+          if (j == 0) tmp_r[r] = s;
+        }
+      }
+      __syncthreads();
+      // R2
+      if (tid < R) {
+        log_sr_t = clampf_ref(log_sr_t + portable_log(clampf_ref(tmp_r[tid], a.std_min, a.std_max)),
+                              a.log_min, a.log_max);
+        sr_buf[tid] = portable_exp(log_sr_t);
+      }
+      __syncthreads();
+    }
+    // R3
+    float rmx = -kInf, rmn = kInf;
+#pragma unroll
+    for (int ii = 0; ii < NRI; ++ii) {
+      const int item = tid + ii * T;
+      if (item < R * 8) {
+        const int r = item >> 3;
+        if (it > 0) {
+          const float sn = sr_buf[r];
+#pragma unroll
+          for (int k = 0; k < ER; ++k) av[ii][k] = av[ii][k] / sn;
+        }
+        float p = 0.0f;
+#pragma unroll
+        for (int k = 0; k < ER; ++k) p += av[ii][k];
+        const float mean = combine8_lanes(p) / static_cast<float>(C);
+        p = 0.0f;
+#pragma unroll
+        for (int k = 0; k < ER; ++k) {
+          const float dv = av[ii][k] - mean;
+          p += dv * dv;
+        }
+        const float rs = sqrt_rn(combine8_lanes(p) / static_cast<float>(C - 1));
+        rmx = fmaxf(rmx, rs);
+        rmn = fminf(rmn, rs);
+        float* cr = cur + r * LD + j;
+#pragma unroll
+        for (int k = 0; k < ER; ++k) cr[8 * k] = av[ii][k];
+      }
+    }
+    warp_maxmin(rmx, rmn);
+    if (lane == 0) {
+      pr[warp * 2] = rmx;
+      pr[warp * 2 + 1] = rmn;
+    }
     __syncthreads();
-    if (misc[1] != 0.0f) {
-      for (int c = tid; c < C; c += kStoreThreads) best_sc[c] = sc[c];
-      for (int r = tid; r < R; r += kStoreThreads) best_sr[r] = sr[r];
+    // C1
+    float cmx = -kInf, cmn = kInf;
+#pragma unroll
+    for (int ii = 0; ii < NCI; ++ii) {
+      const int item = tid + ii * T;
+      if (item < C * 8) {
+        const int c = item >> 3;
+        const float* cc = cur + j * LD + c;
+        float p = 0.0f;
+#pragma unroll
+        for (int k = 0; k < EC; ++k) p += cc[8 * k * LD];
+        const float mean = combine8_lanes(p) / static_cast<float>(R);
+        p = 0.0f;
+#pragma unroll
+        for (int k = 0; k < EC; ++k) {
+          const float dv = cc[8 * k * LD] - mean;
+          p += dv * dv;
+        }
+        const float cs = sqrt_rn(combine8_lanes(p) / static_cast<float>(R - 1));
+        cmx = fmaxf(cmx, cs);
+        cmn = fminf(cmn, cs);
+        if (j == 0) tmp_c[c] = cs;
+      }
+    }
+    warp_maxmin(cmx, cmn);
+    if (lane == 0) {
+      pr[64 + warp * 2] = cmx;
+      pr[64 + warp * 2 + 1] = cmn;
+    }
+    __syncthreads();
+    // C2: imbalance ratio(col) + ratio(row), every warp alike; best scales; next s_col.
+    float rx = lane < NW ? pr[lane * 2] : -kInf, rn = lane < NW ? pr[lane * 2 + 1] : kInf;
+    float cx = lane < NW ? pr[64 + lane * 2] : -kInf,
+          cn = lane < NW ? pr[64 + lane * 2 + 1] : kInf;
+    warp_maxmin(rx, rn);
+    warp_maxmin(cx, cn);
+    const float imb = cx / fmaxf(cn, a.floor) + rx / fmaxf(rn, a.floor);
+    bool better = false;
+    if (it == 0) {
+      best = imb;
+    } else if (imb <= best) {
+      best = imb;
+      better = true;
+    }
+    if (tid < R && better) best_sr_buf[tid] = sr_buf[tid];
+    if (tid < C) {
+      if (better) best_sc_buf[tid] = sc_buf[tid];
+      log_sc_t = clampf_ref(log_sc_t + portable_log(clampf_ref(tmp_c[tid], a.std_min, a.std_max)),
+                            a.log_min, a.log_max);
+      sc_buf[tid] = portable_exp(log_sc_t);  // s_col of the next iteration
     }
     __syncthreads();
   }
 
   // ---- RTN per oriented row, pack, scale absorption ----
-  const int bits = is_key ? a.key_bits : a.value_bits;
+  const int bits = IS_KEY ? a.key_bits : a.value_bits;
   const int pf = 8 / bits;
   const float qmax = static_cast<float>((1 << bits) - 1);
   const int row_bytes = C / pf;
@@ -240,43 +333,108 @@ __global__ void __launch_bounds__(kStoreThreads) kvarn_store_kernel(StoreArgs a)
                            a.num_heads +
                        head) *
                           a.record_bytes;
-  std::uint8_t* code_dst = rec + (is_key ? a.k_codes : a.v_codes);
+  std::uint8_t* code_dst = rec + (IS_KEY ? a.k_codes : a.v_codes);
   const int sb = a.fp8_scales ? 1 : 2;
-  for (int r = tid; r < R; r += kStoreThreads) {
-    auto bal = [&](int c) { return (x[r * ld + c] / best_sc[c]) / best_sr[r]; };
-    float mn = bal(0), mx = mn;
-    for (int c = 1; c < C; ++c) {
-      const float v = bal(c);
-      mn = fminf(mn, v);
-      mx = fmaxf(mx, v);
-    }
-    const float s = fmaxf((mx - mn) / qmax, 1e-10f);
-    for (int byte = 0; byte < row_bytes; ++byte) {
-      unsigned acc = 0;
-      for (int k = 0; k < pf; ++k) {
-        float q = round_half_even((bal(byte * pf + k) - mn) / s);
-        q = fminf(fmaxf(q, 0.0f), qmax);
-        acc |= static_cast<unsigned>(q) << (k * bits);
+  if (tid < C)
+    store_scale(rec + (IS_KEY ? a.s_row_k : a.s_col_v) + tid * sb, best_sc_buf[tid], a.fp8_scales);
+  std::uint8_t* codes = reinterpret_cast<std::uint8_t*>(cur);  // [R][CL]
+#pragma unroll
+  for (int ii = 0; ii < NRI; ++ii) {
+    const int item = tid + ii * T;
+    if (item < R * 8) {
+      const int r = item >> 3;
+      const std::uint16_t* xr = xh + r * LD + j;
+      const float bs = best_sr_buf[r];
+      float bv[ER];
+#pragma unroll
+      for (int k = 0; k < ER; ++k) bv[k] = (h2f(xr[8 * k]) / best_sc_buf[j + 8 * k]) / bs;
+      // min/max as the sequential std::min/std::max scan: the first index among equal values
+      float mn = bv[0], mx = bv[0];
+      int imn = j, imx = j;
+#pragma unroll
+      for (int k = 1; k < ER; ++k) {
+        if (bv[k] < mn) {
+          mn = bv[k];
+          imn = j + 8 * k;
+        }
+        if (bv[k] > mx) {
+          mx = bv[k];
+          imx = j + 8 * k;
+        }
       }
-      code_dst[r * row_bytes + byte] = static_cast<std::uint8_t>(acc);
-    }
-    if (is_key) {  // rows = channels
-      detail::store_scale(rec + a.s_col_k + r * sb, best_sr[r] * s, a.fp8_scales);
-      detail::store_half(rec + a.zp_k + r * 2, best_sr[r] * mn);
-    } else {  // rows = tokens
-      detail::store_scale(rec + a.s_row_v + r * sb, best_sr[r] * s, a.fp8_scales);
-      detail::store_half(rec + a.zp_v + r * 2, best_sr[r] * mn);
+#pragma unroll
+      for (int o = 4; o > 0; o >>= 1) {
+        const float omn = __shfl_xor_sync(0xffffffffu, mn, o);
+        const int oimn = __shfl_xor_sync(0xffffffffu, imn, o);
+        const float omx = __shfl_xor_sync(0xffffffffu, mx, o);
+        const int oimx = __shfl_xor_sync(0xffffffffu, imx, o);
+        if (omn < mn || (omn == mn && oimn < imn)) {
+          mn = omn;
+          imn = oimn;
+        }
+        if (omx > mx || (omx == mx && oimx < imx)) {
+          mx = omx;
+          imx = oimx;
+        }
+      }
+      const float s = fmaxf((mx - mn) / qmax, 1e-10f);
+#pragma unroll
+      for (int k = 0; k < ER; ++k) {
+        float q = round_half_even((bv[k] - mn) / s);
+        q = fminf(fmaxf(q, 0.0f), qmax);
+        codes[r * CL + j + 8 * k] = static_cast<std::uint8_t>(static_cast<unsigned>(q));
+      }
+      if (j == 0) {
+        if (IS_KEY) {  // rows = channels
+          store_scale(rec + a.s_col_k + r * sb, bs * s, a.fp8_scales);
+          store_half(rec + a.zp_k + r * 2, bs * mn);
+        } else {  // rows = tokens
+          store_scale(rec + a.s_row_v + r * sb, bs * s, a.fp8_scales);
+          store_half(rec + a.zp_v + r * 2, bs * mn);
+        }
+      }
     }
   }
-  for (int c = tid; c < C; c += kStoreThreads) {
-    if (is_key) {
-      detail::store_scale(rec + a.s_row_k + c * sb, best_sc[c], a.fp8_scales);
-    } else {
-      detail::store_scale(rec + a.s_col_v + c * sb, best_sc[c], a.fp8_scales);
-    }
+  __syncthreads();
+  for (int b = tid; b < R * row_bytes; b += T) {
+    const int r = b / row_bytes, c0 = (b % row_bytes) * pf;
+    unsigned acc = 0;
+    for (int k = 0; k < pf; ++k) acc |= static_cast<unsigned>(codes[r * CL + c0 + k]) << (k * bits);
+    code_dst[b] = static_cast<std::uint8_t>(acc);
   }
-  if (!is_key) {
-    for (long long i = a.end + tid; i < a.record_bytes; i += kStoreThreads) rec[i] = 0;
+  if (!IS_KEY) {
+    for (long long i = a.end + tid; i < a.record_bytes; i += T) rec[i] = 0;
+  }
+}
+
+}  // namespace detail
+
+template <int D, int G>
+constexpr int store_threads() {
+  return (D > G ? D : G) * 8 >= 1024 ? 1024 : 512;
+}
+
+// floats of one [R][C + 8] buffer, the larger of both orientations (even)
+template <int D, int G>
+constexpr int store_tile_floats() {
+  return D * (G + 8) > G * (D + 8) ? D * (G + 8) : G * (D + 8);
+}
+
+template <int D, int G>
+constexpr int store_smem_bytes() {
+  constexpr int F = store_tile_floats<D, G>();
+  return 4 * (F + F / 2 + 6 * (D > G ? D : G) + 2 * 4 * 32);
+}
+
+template <int D, int G>
+__global__ void __launch_bounds__(store_threads<D, G>(), 1) kvarn_store_kernel(StoreArgs a) {
+  extern __shared__ float smem[];
+  constexpr int T = store_threads<D, G>();
+  constexpr int F = store_tile_floats<D, G>();
+  if (blockIdx.y == 0) {
+    detail::store_stream<D, G, D, G, true, T, F>(a, smem);
+  } else {
+    detail::store_stream<D, G, G, D, false, T, F>(a, smem);
   }
 }
 
