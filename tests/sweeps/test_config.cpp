@@ -5,6 +5,7 @@
 #include <string>
 
 #include "kvarn/data/error.hpp"
+#include "kvarn/data/tile_file.hpp"
 #include "kvarn/sweeps/config.hpp"
 #include "kvarn/sweeps/provenance.hpp"
 #include "sweep_test_util.hpp"
@@ -155,8 +156,19 @@ TEST_F(ConfigTest, CaptureNeedsFallbackAndAccumulationIsNotYetAvailable) {
 TEST_F(ConfigTest, EstimateIsPositive) {
   const SweepConfig c = load_config(fs::path(KVARN_SOURCE_DIR) / "configs" / "quickstart.yaml");
   const SweepEstimate e = estimate_sweep(c);
-  EXPECT_EQ(e.slabs, 8);
-  EXPECT_EQ(e.tokens, 4 * 300 + 4 * 200);
+  // Expected from the tile files themselves: one slab per (sequence, captured layer, KV head).
+  std::int64_t slabs = 0, tokens = 0;
+  for (const auto& tiles : c.data.tiles) {
+    const TileReader r(tiles.resolved);
+    const std::int64_t per_seq = std::int64_t{r.info().num_captured_layers()} * r.info().num_kv_heads;
+    for (int s = 0; s < r.num_sequences(); ++s) {
+      slabs += per_seq;
+      tokens += per_seq * r.sequence(s).num_tokens;
+    }
+  }
+  EXPECT_GT(slabs, 0);
+  EXPECT_EQ(e.slabs, slabs);
+  EXPECT_EQ(e.tokens, tokens);
   EXPECT_GT(e.seconds, 0);
   EXPECT_GT(e.bytes, 0);
 }
