@@ -451,6 +451,8 @@ void TileWriter::add_sequence(const SequenceData& seq) {
     H5::Group g = impl_->sequences.createGroup(name);
     h5::write_int_attr(g, "num_tokens", static_cast<long long>(T));
     h5::write_string_attr(g, "prompt_id", seq.prompt_id);
+    for (const auto& [key, value] : seq.int_attrs) h5::write_int_attr(g, key, value);
+    for (const auto& [key, value] : seq.string_attrs) h5::write_string_attr(g, key, value);
     h5::write_dataset(g, "token_ids", H5::PredType::STD_I32LE, H5::PredType::NATIVE_INT32, {T},
                       seq.token_ids.data());
     auto write_slab = [&](const char* ds_name, const std::vector<float>& x, hsize_t heads,
@@ -483,6 +485,17 @@ void TileWriter::add_sequence(const SequenceData& seq) {
     fail(where, ": cannot write: ", h5::describe(e));
   }
   ++num_sequences_;
+}
+
+void TileWriter::set_provenance(const std::string& json) {
+  KVARN_CHECK(impl_, path_.string(), ": set_provenance after finish");
+  try {
+    if (impl_->file.attrExists("provenance")) impl_->file.removeAttr("provenance");
+    h5::write_string_attr(impl_->file, "provenance", json);
+  } catch (const H5::Exception& e) {
+    fail(path_.string(), ": cannot write the provenance attribute: ", h5::describe(e));
+  }
+  info_.provenance = json;
 }
 
 void TileWriter::finish() {

@@ -14,6 +14,9 @@
 #include "kvarn/core/registry.hpp"
 #include "kvarn/data/error.hpp"
 #include "kvarn/data/tile_file.hpp"
+#if KVARN_HAVE_RUNNER
+#include "kvarn/eval/model.hpp"
+#endif
 #include "kvarn/sweeps/provenance.hpp"
 
 namespace kvarn {
@@ -31,6 +34,9 @@ constexpr double kAttentionSecondsPerTokenPair = 2.0e-7;
 constexpr double kCaseJsonBytesPerSlab = 20000;
 constexpr double kArrayBytesPerToken = 175;
 constexpr double kSummaryBytesPerSlab = 5000;
+// Accumulation (model in the loop), per weight byte: a context token in blocks, a decode step.
+constexpr double kAccumulationSecondsPerTokenByte = 1.0e-10;
+constexpr double kAccumulationSecondsPerStepByte = 1.0e-9;
 
 const std::vector<std::string> kTopKeys = {"version", "name",    "description",  "data",
                                            "methods", "metrics", "accumulation", "throughput",
@@ -40,6 +46,11 @@ const std::vector<std::string> kDataKeys = {"tiles",      "sequences", "layers",
 const std::vector<std::string> kFallbackKeys = {"tiles", "sequences", "layers", "kv_heads",
                                                 "max_tokens"};
 const std::vector<std::string> kCaptureKeys = {"model", "prompts", "generate"};
+const std::vector<std::string> kAccumulationKeys = {
+    "enabled", "model", "prompts",     "prompt_ids", "block",  "context", "decode_steps",
+    "modes",   "seed",  "temperature", "top_p",      "device", "threads"};
+const std::vector<std::string> kAccumulationModes = {"pseudo_decode", "teacher_forced",
+                                                     "free_running"};
 const std::vector<std::string> kMetricsKeys = {"reconstruction", "attention", "outlier_fractions",
                                                "topk", "arrays"};
 
@@ -348,6 +359,219 @@ void apply_set(YAML::Node node, const std::vector<std::string>& segs, std::size_
   apply_set(node[seg], segs, i + 1, value, text);
 }
 
+// `accumulation:` with enabled: true. Files and the model's config are checked here, so a bad
+// path or an unsupported checkpoint fails before anything runs.
+void parse_accumulation(const Ctx& c, const YAML::Node& acc, const fs::path& config_path,
+                        SweepConfig& cfg) {
+  AccumulationSettings& a = cfg.accumulation;
+#if !KVARN_HAVE_RUNNER
+  // The main job must still run where torch was skipped: say so and go on without it.
+  a = AccumulationSettings{};
+  cfg.notices.push_back(cfg.name +
+                        ": accumulation skipped: this kvarn-eval was built without the libtorch "
+                        "model runner (scripts/install_deps.sh installs torch; rebuild)");
+  (void)c;
+  (void)acc;
+  (void)config_path;
+  return;
+#else
+  auto int_in = [&](const char* key, int lo, int hi, int& out) {
+    const YAML::Node n = acc[key];
+    if (!n.IsDefined()) return;
+    const std::string k = std::string("accumulation.") + key;
+    const long long v = get_int(c, n, k);
+    if (v < lo || v > hi) {
+      c.fail_at(n, k, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    }
+    out = static_cast<int>(v);
+  };
+  int_in("block", 1, 1 << 20, a.block);
+  int_in("context", 1, 1 << 22, a.context);
+  int_in("decode_steps", 1, 1 << 20, a.decode_steps);
+  int_in("threads", 0, 1024, a.threads);
+  if (acc["seed"].IsDefined()) {
+    a.seed = get_int(c, acc["seed"], "accumulation.seed");
+    if (a.seed < 0) c.fail_at(acc["seed"], "accumulation.seed", "must be >= 0");
+  } else {
+    a.seed = cfg.seed;
+  }
+  if (acc["temperature"].IsDefined()) {
+    a.temperature = get_double(c, acc["temperature"], "accumulation.temperature");
+    if (a.temperature < 0) {
+      c.fail_at(acc["temperature"], "accumulation.temperature", "must be >= 0 (0: greedy only)");
+    }
+  }
+  if (acc["top_p"].IsDefined()) {
+    a.top_p = get_double(c, acc["top_p"], "accumulation.top_p");
+    if (a.top_p <= 0 || a.top_p > 1)
+      c.fail_at(acc["top_p"], "accumulation.top_p", "must be in (0, 1]");
+  }
+  if (acc["device"].IsDefined()) {
+    a.device = get_string(c, acc["device"], "accumulation.device");
+    const bool ok = a.device == "cpu" || a.device == "cuda" || a.device.rfind("cuda:", 0) == 0;
+    if (!ok) c.fail_at(acc["device"], "accumulation.device", "expected cpu, cuda or cuda:N");
+  }
+  if (const YAML::Node m = acc["modes"]; m.IsDefined()) {
+    if (!m.IsSequence() || m.size() == 0) {
+      c.fail_at(m, "accumulation.modes",
+                "expected a non-empty list of pseudo_decode, "
+                "teacher_forced, free_running");
+    }
+    a.pseudo_decode = a.teacher_forced = a.free_running = false;
+    for (std::size_t i = 0; i < m.size(); ++i) {
+      const std::string k = "accumulation.modes." + std::to_string(i);
+      const std::string v = get_string(c, m[i], k);
+      if (v == "pseudo_decode") {
+        a.pseudo_decode = true;
+      } else if (v == "teacher_forced") {
+        a.teacher_forced = true;
+      } else if (v == "free_running") {
+        a.free_running = true;
+      } else {
+        c.fail_at(m[i], k,
+                  "unknown mode '" + v + "' (nearest: " + nearest(v, kAccumulationModes, 1) + ")");
+      }
+    }
+  }
+
+  // Models: one path or a list; each a checkpoint directory the runner can load.
+  const YAML::Node mn = acc["model"];
+  if (!mn.IsDefined() || mn.IsNull()) {
+    c.fail_at(acc, "accumulation.model", "missing: a checkpoint directory (or a list of them)");
+  }
+  std::vector<std::pair<YAML::Node, std::string>> models;
+  if (mn.IsSequence()) {
+    if (mn.size() == 0) c.fail_at(mn, "accumulation.model", "empty list");
+    for (std::size_t i = 0; i < mn.size(); ++i)
+      models.emplace_back(mn[i], "accumulation.model." + std::to_string(i));
+  } else {
+    models.emplace_back(mn, "accumulation.model");
+  }
+  std::set<std::string> names;
+  for (const auto& [node, key] : models) {
+    AccumulationModel am;
+    am.path = get_string(c, node, key);
+    am.resolved = resolve_input_path(am.path, config_path);
+    std::error_code ec;
+    if (am.resolved.empty() || !fs::is_regular_file(am.resolved / "config.json", ec)) {
+      c.fail_at(node, key,
+                "not a checkpoint directory (config.json not found): " + am.path +
+                    (am.path.find("smollm2") != std::string::npos
+                         ? " (scripts/prepare_models.sh prepares it)"
+                         : ""));
+    }
+    if (!fs::is_regular_file(am.resolved / "tokenizer.json", ec)) {
+      c.fail_at(node, key, am.path + " has no tokenizer.json (prompts are text)");
+    }
+    try {
+      const ModelConfig mc = load_model_config(am.resolved / "config.json");
+      am.head_dim = mc.head_dim;
+      am.num_layers = mc.num_layers;
+      if (a.context + a.decode_steps > mc.max_position_embeddings) {
+        c.fail_at(acc["context"].IsDefined() ? acc["context"] : node, "accumulation.context",
+                  "context + decode_steps = " + std::to_string(a.context + a.decode_steps) +
+                      " exceeds " + am.path + "'s max_position_embeddings " +
+                      std::to_string(mc.max_position_embeddings));
+      }
+    } catch (const Error& e) {
+      c.fail_at(node, key, e.what());
+    }
+    const fs::path weights = fs::is_regular_file(am.resolved / "model.safetensors", ec)
+                                 ? am.resolved / "model.safetensors"
+                                 : am.resolved / "config.json";
+    am.fingerprint = file_fingerprint(weights);
+    for (const auto& e : fs::directory_iterator(am.resolved, ec)) {
+      if (e.path().extension() == ".safetensors")
+        am.weight_bytes += static_cast<double>(e.file_size(ec));
+    }
+    am.name = am.resolved.filename().string();
+    if (am.name.empty()) am.name = am.resolved.parent_path().filename().string();
+    if (!names.insert(am.name).second) c.fail_at(node, key, "model listed twice: " + am.name);
+    a.models.push_back(std::move(am));
+  }
+
+  // Prompts: JSONL with {"id", "text"} per line.
+  const YAML::Node pn = acc["prompts"];
+  if (!pn.IsDefined() || pn.IsNull()) {
+    c.fail_at(acc, "accumulation.prompts", "missing: a JSONL file of {\"id\", \"text\"}");
+  }
+  a.prompts = get_string(c, pn, "accumulation.prompts");
+  a.prompts_resolved = resolve_input_path(a.prompts, config_path);
+  if (a.prompts_resolved.empty())
+    c.fail_at(pn, "accumulation.prompts", "file not found: " + a.prompts);
+  std::vector<std::pair<std::string, std::string>> file_prompts;
+  {
+    std::ifstream in(a.prompts_resolved);
+    std::string line;
+    int lineno = 0;
+    while (std::getline(in, line)) {
+      ++lineno;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const json j = json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.is_object() || !j.contains("id") || !j.contains("text") ||
+          !j["id"].is_string() || !j["text"].is_string()) {
+        c.fail_at(pn, "accumulation.prompts",
+                  a.prompts + ":" + std::to_string(lineno) +
+                      ": expected a JSON object with string fields id and text");
+      }
+      file_prompts.emplace_back(j["id"].get<std::string>(), j["text"].get<std::string>());
+    }
+  }
+  if (file_prompts.empty()) c.fail_at(pn, "accumulation.prompts", a.prompts + " holds no prompts");
+  std::vector<std::string> ids;
+  for (const auto& fp : file_prompts) ids.push_back(fp.first);
+  if (const YAML::Node pi = acc["prompt_ids"]; pi.IsDefined() && !pi.IsNull()) {
+    if (!pi.IsSequence() || pi.size() == 0) {
+      c.fail_at(pi, "accumulation.prompt_ids", "expected a non-empty list of prompt ids");
+    }
+    for (std::size_t i = 0; i < pi.size(); ++i) {
+      const std::string k = "accumulation.prompt_ids." + std::to_string(i);
+      const std::string id = get_string(c, pi[i], k);
+      auto it = std::find(ids.begin(), ids.end(), id);
+      if (it == ids.end()) {
+        c.fail_at(
+            pi[i], k,
+            "no prompt '" + id + "' in " + a.prompts + " (nearest: " + nearest(id, ids, 1) + ")");
+      }
+      if (std::find(a.prompt_ids.begin(), a.prompt_ids.end(), id) != a.prompt_ids.end()) {
+        c.fail_at(pi[i], k, "prompt '" + id + "' listed twice");
+      }
+      a.prompt_ids.push_back(id);
+      a.prompt_texts.push_back(file_prompts[static_cast<std::size_t>(it - ids.begin())].second);
+    }
+  } else {
+    a.prompt_ids.push_back(file_prompts.front().first);
+    a.prompt_texts.push_back(file_prompts.front().second);
+  }
+#endif
+}
+
+// The resolved `accumulation` block; disabled configs keep the exact form older runs hashed.
+json accumulation_json(const AccumulationSettings& a) {
+  if (!a.enabled) return {{"enabled", false}};
+  json models = json::array();
+  for (const AccumulationModel& m : a.models) {
+    models.push_back({{"path", m.path}, {"name", m.name}, {"fingerprint", m.fingerprint}});
+  }
+  std::vector<std::string> modes;
+  if (a.pseudo_decode) modes.push_back("pseudo_decode");
+  if (a.teacher_forced) modes.push_back("teacher_forced");
+  if (a.free_running) modes.push_back("free_running");
+  return {{"enabled", true},
+          {"models", models},
+          {"prompts", a.prompts},
+          {"prompts_fingerprint", file_fingerprint(a.prompts_resolved)},
+          {"prompt_ids", a.prompt_ids},
+          {"block", a.block},
+          {"context", a.context},
+          {"decode_steps", a.decode_steps},
+          {"modes", modes},
+          {"temperature", a.temperature},
+          {"top_p", a.top_p},
+          {"seed", a.seed},
+          {"device", a.device}};
+}
+
 }  // namespace
 
 fs::path resolve_input_path(const std::string& path, const fs::path& config_path) {
@@ -516,12 +740,11 @@ SweepConfig load_config(const fs::path& path, const std::vector<std::string>& se
   const YAML::Node acc = root["accumulation"];
   if (acc.IsDefined() && !acc.IsNull()) {
     require_map(c, acc, "accumulation");
-    check_keys(c, acc, "accumulation", {"enabled"});
-    if (acc["enabled"].IsDefined() && get_bool(c, acc["enabled"], "accumulation.enabled")) {
-      c.fail_at(acc["enabled"], "accumulation.enabled",
-                "error accumulation (pseudo-decode) needs the model runner, which is not yet "
-                "available; set enabled: false");
+    check_keys(c, acc, "accumulation", kAccumulationKeys);
+    if (acc["enabled"].IsDefined()) {
+      cfg.accumulation.enabled = get_bool(c, acc["enabled"], "accumulation.enabled");
     }
+    if (cfg.accumulation.enabled) parse_accumulation(c, acc, path, cfg);
   }
   const YAML::Node tp = root["throughput"];
   if (tp.IsDefined() && !tp.IsNull()) {
@@ -628,7 +851,7 @@ SweepConfig load_config(const fs::path& path, const std::vector<std::string>& se
         {"outlier_percents", cfg.metrics.outlier_percents},
         {"topk", cfg.metrics.topk},
         {"arrays", cfg.metrics.arrays}}},
-      {"accumulation", {{"enabled", false}}},
+      {"accumulation", accumulation_json(cfg.accumulation)},
       {"throughput",
        {{"results", cfg.throughput_results.empty() ? json(nullptr) : json(cfg.throughput_results)},
         {"fingerprint", cfg.throughput_results.empty()
@@ -672,6 +895,18 @@ SweepEstimate estimate_sweep(const SweepConfig& cfg) {
       }
       per_case_bytes += slabs * (kCaseJsonBytesPerSlab + kSummaryBytesPerSlab);
       if (cfg.metrics.arrays) per_case_bytes += slabs * tok * kArrayBytesPerToken;
+    }
+  }
+  const AccumulationSettings& a = cfg.accumulation;
+  if (a.enabled) {
+    // Per model: four passes over the context (accumulated, static, two free runs) and three
+    // decode runs, each cost ~ weights; the fp16 reference once per model (not per case).
+    for (const AccumulationModel& m : a.models) {
+      const double passes = (a.pseudo_decode ? 2.0 : 0.0) + (a.free_running ? 2.0 : 0.0) + 1.0;
+      const double steps = (a.teacher_forced ? 1.0 : 0.0) + (a.free_running ? 2.0 : 0.0);
+      per_case_seconds += static_cast<double>(a.prompt_ids.size()) * m.weight_bytes *
+                          (passes * a.context * kAccumulationSecondsPerTokenByte +
+                           steps * a.decode_steps * kAccumulationSecondsPerStepByte);
     }
   }
   e.seconds = per_case_seconds * static_cast<double>(cfg.cases.size());

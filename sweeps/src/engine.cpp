@@ -27,6 +27,8 @@
 #include "kvarn/sweeps/provenance.hpp"
 #include "kvarn/sweeps/store.hpp"
 
+#include "accumulation_case.hpp"
+
 #ifndef KVARN_SOURCE_ROOT
 #define KVARN_SOURCE_ROOT ""
 #endif
@@ -457,6 +459,9 @@ json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& ar
       }
     }
   };
+  // Error accumulation runs the model with the method in the loop (accumulation_case.cpp).
+  AccumulationCase acc;
+  if (cfg.accumulation.enabled) acc = run_accumulation_case(cfg, cs);
   if (arrays_path.empty()) {
     body(nullptr);
   } else {
@@ -465,6 +470,7 @@ json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& ar
       try {
         H5::H5File file(tmp.string(), H5F_ACC_TRUNC);
         body(&file);
+        if (cfg.accumulation.enabled) write_accumulation_arrays(file, acc);
         file.close();
       } catch (const H5::Exception& e) {
         fail(tmp.string(), ": cannot write: ", h5::describe(e));
@@ -507,7 +513,8 @@ json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& ar
     for (const auto& [pk, pool] : part.value) emit("value", pk, pool.metrics());
     for (const auto& [pk, pool] : part.attention) emit("attention", pk, pool.metrics(ms.topk));
   }
-  return {{"format", kCaseFormat},
+  for (const json& r : acc.rows) rows.push_back(r);
+  json record = {{"format", kCaseFormat},
           {"format_version", kCaseFormatVersion},
           {"case_id", cs.id},
           {"index", cs.index},
@@ -521,6 +528,8 @@ json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& ar
           {"rows", rows},
           {"arrays", arrays_path.empty() ? json(nullptr)
                                          : json("arrays/" + arrays_path.filename().string())}};
+  if (cfg.accumulation.enabled) record["accumulation"] = std::move(acc.record);
+  return record;
 }
 
 namespace {

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   kvarn::add_compare_command(app);
   kvarn::add_merge_command(app);
   kvarn::add_report_command(app);
+  kvarn::add_capture_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

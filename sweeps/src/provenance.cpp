@@ -196,6 +196,17 @@ std::string file_fingerprint(const fs::path& path) {
   return "sha256-edges:" + sha.hex();
 }
 
+std::string sha256_file_hex(const fs::path& path) {
+  std::error_code ec;
+  const std::uintmax_t size = fs::file_size(path, ec);
+  KVARN_CHECK(!ec, path.string(), ": cannot read: ", ec.message());
+  std::ifstream in(path, std::ios::binary);
+  KVARN_CHECK(in.good(), path.string(), ": cannot open for reading");
+  Sha256 sha;
+  hash_range(sha, in, 0, size);
+  return sha.hex();
+}
+
 std::string utc_timestamp() {
   const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   std::tm tm{};

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvarn {
@@ -51,6 +52,9 @@ struct SequenceData {
   std::vector<std::int32_t> token_ids;  // [T]
   std::vector<float> k, v, k_pre_rope, q;
   std::vector<int> q_heads;
+  // Extra attributes of the sequence group (e.g. capture's num_prompt_tokens, checks).
+  std::vector<std::pair<std::string, long long>> int_attrs;
+  std::vector<std::pair<std::string, std::string>> string_attrs;
 };
 
 class TileReader {
@@ -90,6 +94,8 @@ class TileWriter {
   TileWriter& operator=(const TileWriter&) = delete;
 
   void add_sequence(const SequenceData& seq);
+  // Replaces the root `provenance` attribute (e.g. with results known only at the end).
+  void set_provenance(const std::string& json);
   void finish();
 
  private:

@@ -30,6 +30,7 @@ void add_compare_command(CLI::App& app);
 void add_merge_command(CLI::App& app);
 // `kvarn-eval capture`: real KV tiles from an HF checkpoint (needs the libtorch runner; without
 // it the subcommand exists and says so).
+void add_capture_command(CLI::App& app);
 
 // `report RUN_DIR`: the Python report of a run directory.
 void add_report_command(CLI::App& app);

@@ -54,6 +54,31 @@ struct MetricsSelection {
   bool arrays = true;  // per-position / per-channel arrays in arrays/<case>.h5
 };
 
+// `accumulation:` (docs/config-schema.md): the model runner with each case's method in the loop.
+struct AccumulationModel {
+  std::string path;                // as written
+  std::filesystem::path resolved;  // checkpoint directory
+  std::string name;                // directory name, the `data` of its summary rows
+  std::string fingerprint;         // of model.safetensors (or config.json when sharded)
+  int head_dim = 0, num_layers = 0;
+  double weight_bytes = 0;  // safetensors bytes (the estimate's size proxy)
+};
+
+struct AccumulationSettings {
+  bool enabled = false;
+  std::vector<AccumulationModel> models;
+  std::string prompts;  // JSONL file as written
+  std::filesystem::path prompts_resolved;
+  std::vector<std::string> prompt_ids;    // resolved (default: the file's first prompt)
+  std::vector<std::string> prompt_texts;  // same order
+  int block = 32, context = 512, decode_steps = 64;
+  bool pseudo_decode = true, teacher_forced = true, free_running = true;
+  double temperature = 0.6, top_p = 0.95;  // sampled free-running run (temperature 0: none)
+  std::int64_t seed = 0;
+  std::string device = "cpu";
+  int threads = 0;  // CPU intra-op threads; 0: torch's default
+};
+
 struct SweepConfig {
   std::filesystem::path config_path;  // as given on the command line
   std::string config_text;            // the file as read
@@ -64,7 +89,7 @@ struct SweepConfig {
   DataSelection data;
   std::vector<CaseSpec> cases;
   MetricsSelection metrics;
-  bool accumulation = false;
+  AccumulationSettings accumulation;
   std::string throughput_results;  // "" when none
   std::filesystem::path throughput_resolved;
   std::int64_t seed = 0;

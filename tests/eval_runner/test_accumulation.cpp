@@ -1,0 +1,180 @@
+// Error accumulation (pseudo-decode, teacher-forced and free-running decode) on the tiny random
+// llama_hd64 model of make_reference.py: what the protocols guarantee by construction.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "kvarn/eval/accumulation.hpp"
+#include "kvarn/eval/model.hpp"
+#include "runner_test_util.hpp"
+
+namespace kvarn {
+namespace {
+
+constexpr const char* kSmallKivi = "kivi:bits=2,group=8,residual=8";
+
+class Accumulation : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::string why;
+    const auto dir = test::reference_dir(&why);
+    if (dir.empty()) {
+      skip_ = why;
+      return;
+    }
+    model_ = Model::load(dir / "models" / "llama_hd64").release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  void SetUp() override {
+    if (model_ == nullptr) GTEST_SKIP() << skip_;
+  }
+  static AccumulationOptions options() {
+    AccumulationOptions o;
+    o.block = 8;
+    o.context = 40;
+    o.decode_steps = 12;
+    o.seed = 7;
+    o.temperature = 1.0;  // a random model is flat: high-entropy sampling diverges quickly
+    o.top_p = 0.9;
+    return o;
+  }
+  static std::vector<std::int32_t> prompt() {
+    std::vector<std::int32_t> p(10);
+    std::iota(p.begin(), p.end(), 3);
+    return p;
+  }
+  static Model* model_;
+  static std::string skip_;
+};
+Model* Accumulation::model_ = nullptr;
+std::string Accumulation::skip_;
+
+void expect_free_run_consistent(const FreeRunResult& f, int steps) {
+  ASSERT_EQ(static_cast<int>(f.tokens.size()), steps);
+  ASSERT_EQ(static_cast<int>(f.tokens_ref.size()), steps);
+  int agree = 0;
+  for (int t = 0; t < steps; ++t) agree += f.tokens[t] == f.tokens_ref[t];
+  EXPECT_DOUBLE_EQ(f.token_agreement, static_cast<double>(agree) / steps);
+  ASSERT_GE(f.first_divergence, 0);
+  ASSERT_LE(f.first_divergence, steps);
+  for (int t = 0; t < f.first_divergence; ++t) EXPECT_EQ(f.tokens[t], f.tokens_ref[t]) << t;
+  if (f.first_divergence < steps) {
+    EXPECT_NE(f.tokens[f.first_divergence], f.tokens_ref[f.first_divergence]);
+  }
+  for (int t = 0; t < steps; ++t) {
+    if (t <= f.first_divergence) {
+      EXPECT_TRUE(std::isfinite(f.kl[t]) && f.kl[t] >= 0) << t;
+    } else {
+      EXPECT_TRUE(std::isnan(f.kl[t])) << "KL after the prefixes differ must be NaN, step " << t;
+    }
+  }
+}
+
+TEST_F(Accumulation, Fp16MethodHasZeroErrorAndIdenticalTokens) {
+  const AccumulationOptions o = options();
+  const AccumulationReference ref = accumulation_reference(*model_, prompt(), o);
+  ASSERT_EQ(static_cast<int>(ref.context.size()), o.context);
+  EXPECT_EQ(ref.prompt_tokens, 10);
+  const AccumulationResult r = run_accumulation(*model_, ref, "fp16", o);
+  ASSERT_TRUE(r.has_pseudo && r.has_teacher && r.has_greedy && r.has_sampled);
+  ASSERT_EQ(r.pseudo.context_len, (std::vector<int>{8, 16, 24, 32, 40}));
+  for (std::size_t b = 0; b < r.pseudo.context_len.size(); ++b) {
+    for (std::size_t l = 0; l < r.pseudo.mae_accumulated[b].size(); ++l) {
+      EXPECT_EQ(r.pseudo.mae_accumulated[b][l], 0.0) << b << " " << l;
+      EXPECT_EQ(r.pseudo.nmse_accumulated[b][l], 0.0);
+      EXPECT_EQ(r.pseudo.mae_static[b][l], 0.0) << b << " " << l;
+    }
+  }
+  for (int t = 0; t < o.decode_steps; ++t) {
+    EXPECT_EQ(r.teacher.kl[t], 0.0);
+    EXPECT_EQ(r.teacher.top1[t], 1.0);
+    for (double d : r.teacher.hidden_drift[t]) EXPECT_EQ(d, 0.0);
+  }
+  EXPECT_EQ(r.greedy.tokens, ref.greedy_tokens);
+  EXPECT_EQ(r.greedy.first_divergence, o.decode_steps);
+  EXPECT_EQ(r.sampled.tokens, ref.sampled_tokens);
+  EXPECT_EQ(r.sampled.token_agreement, 1.0);
+}
+
+TEST_F(Accumulation, SingleBlockStaticEqualsAccumulated) {
+  AccumulationOptions o = options();
+  o.block = o.context;  // one block: nothing is cached before it, in either protocol
+  o.teacher_forced = o.free_running = false;
+  const AccumulationReference ref = accumulation_reference(*model_, prompt(), o);
+  const AccumulationResult r = run_accumulation(*model_, ref, "kivi_2bit", o);
+  ASSERT_EQ(r.pseudo.context_len, std::vector<int>{40});
+  EXPECT_EQ(r.pseudo.mae_static, r.pseudo.mae_accumulated);
+  EXPECT_EQ(r.pseudo.nmse_static, r.pseudo.nmse_accumulated);
+}
+
+TEST_F(Accumulation, QuantizedMethodAccumulatesAndStaysConsistent) {
+  const AccumulationOptions o = options();
+  const AccumulationReference ref = accumulation_reference(*model_, prompt(), o);
+  // KIVI-2 with residual windows of 8 tokens: the 40-token context reaches quantized rows (the
+  // default residual of 128 would keep all of it in fp16).
+  const AccumulationResult r = run_accumulation(*model_, ref, kSmallKivi, o);
+  const auto& p = r.pseudo;
+  // The first block reads no cache: both protocols equal the fp16 run there.
+  EXPECT_EQ(p.mae_accumulated.front(), p.mae_static.front());
+  for (double x : p.mae_accumulated.front()) EXPECT_EQ(x, 0.0);
+  // Later blocks read 2-bit keys: nonzero error in every layer.
+  for (std::size_t b = 1; b < p.context_len.size(); ++b) {
+    for (std::size_t l = 0; l < p.mae_accumulated[b].size(); ++l) {
+      EXPECT_GT(p.mae_accumulated[b][l], 0.0) << b << " " << l;
+      EXPECT_GT(p.mae_static[b][l], 0.0) << b << " " << l;
+      EXPECT_TRUE(std::isfinite(p.nmse_accumulated[b][l]));
+    }
+  }
+  for (int t = 0; t < o.decode_steps; ++t) {
+    EXPECT_GE(r.teacher.kl[t], 0.0);
+    EXPECT_TRUE(r.teacher.top1[t] == 0.0 || r.teacher.top1[t] == 1.0);
+    for (double d : r.teacher.hidden_drift[t]) EXPECT_TRUE(std::isfinite(d) && d >= 0);
+  }
+  EXPECT_GT(r.teacher.kl.back(), 0.0);
+  expect_free_run_consistent(r.greedy, o.decode_steps);
+  expect_free_run_consistent(r.sampled, o.decode_steps);
+  EXPECT_EQ(r.greedy.tokens_ref, ref.greedy_tokens);
+  const auto summary = accumulation_summary(r);
+  for (const auto& [k, v] : summary) {
+    if (k == "decode.top1_agreement" || k == "decode.token_agreement") {
+      EXPECT_TRUE(v >= 0 && v <= 1) << k;
+    }
+  }
+}
+
+TEST_F(Accumulation, SameSeedGivesIdenticalArrays) {
+  const AccumulationOptions o = options();
+  const AccumulationReference a = accumulation_reference(*model_, prompt(), o);
+  const AccumulationReference b = accumulation_reference(*model_, prompt(), o);
+  EXPECT_EQ(a.context, b.context);
+  EXPECT_EQ(a.sampled_tokens, b.sampled_tokens);
+  const auto ja = to_json(run_accumulation(*model_, a, kSmallKivi, o));
+  const auto jb = to_json(run_accumulation(*model_, b, kSmallKivi, o));
+  EXPECT_EQ(ja.dump(), jb.dump());
+  AccumulationOptions o2 = o;
+  o2.seed = 8;
+  const AccumulationReference c = accumulation_reference(*model_, prompt(), o2);
+  EXPECT_NE(a.sampled_tokens, c.sampled_tokens) << "another seed should sample other tokens";
+}
+
+TEST(AccumulationMath, KlAndTopPSampling) {
+  const std::vector<float> p = {1.0f, 2.0f, 0.5f, -1.0f};
+  EXPECT_EQ(next_token_kl(p, p), 0.0);
+  // Two tokens: KL(Bern(a) || Bern(b)) in closed form.
+  const std::vector<float> x = {0.0f, 0.0f}, y = {std::log(3.0f), 0.0f};
+  const double expect = 0.5 * std::log(0.5 / 0.75) + 0.5 * std::log(0.5 / 0.25);
+  EXPECT_NEAR(next_token_kl(x, y), expect, 1e-7);
+  // top_p small: only the most likely token; u in [0, 1) walks the kept set's CDF.
+  EXPECT_EQ(sample_top_p(p, 1.0, 1e-6, 0.99), 1);
+  EXPECT_EQ(sample_top_p(p, 1.0, 1.0, 0.0), 1);
+  EXPECT_EQ(sample_top_p(p, 1.0, 1.0, 0.999999), 3);
+  const std::vector<float> tie = {0.0f, 0.0f};
+  EXPECT_EQ(sample_top_p(tie, 1.0, 0.5, 0.9), 0);  // ties by id: token 0 first, alone reaches 0.5
+}
+
+}  // namespace
+}  // namespace kvarn

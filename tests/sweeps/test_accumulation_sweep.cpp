@@ -1,0 +1,139 @@
+// A sweep with `accumulation:` enabled runs the model with each method in the loop and writes the
+// arrays the report plots and the summary rows; the block is validated with file:line:col errors.
+#include <H5Cpp.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "kvarn/data/error.hpp"
+#include "kvarn/sweeps/config.hpp"
+#include "kvarn/sweeps/engine.hpp"
+#include "sweep_test_util.hpp"
+
+namespace kvarn {
+namespace {
+
+using nlohmann::json;
+using testing_util::slurp_file;
+using testing_util::TempDirTest;
+using testing_util::write_file;
+namespace fs = std::filesystem;
+
+fs::path fixture_model() {
+  return fs::path(KVARN_SOURCE_DIR) / "data" / "models" / "fixture-qwen3-h128";
+}
+
+class AccumulationSweep : public TempDirTest {
+ protected:
+  std::string block(const std::string& extra = "") {
+    return "accumulation:\n  enabled: true\n  model: " + fixture_model().string() +
+           "\n  prompts: " + (fs::path(KVARN_SOURCE_DIR) / "data/prompts/mixed.jsonl").string() +
+           "\n  block: 16\n  context: 48\n  decode_steps: 6\n  threads: 1\n" + extra;
+  }
+  std::string error_of(const std::string& extra, const std::vector<std::string>& sets = {}) {
+    try {
+      load_config(small_config("  - fp16\n", extra, "bad"), sets);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+};
+
+#if KVARN_HAVE_RUNNER
+
+TEST_F(AccumulationSweep, RunsAndWritesArraysAndRows) {
+  if (!fs::exists(fixture_model() / "model.safetensors")) {
+    GTEST_SKIP() << "fixture model absent: " << fixture_model();
+  }
+  const SweepConfig cfg =
+      load_config(small_config("  - fp16\n  - kivi:bits=2,group=8,residual=8\n", block()));
+  ASSERT_TRUE(cfg.accumulation.enabled);
+  EXPECT_EQ(cfg.accumulation.prompt_ids, std::vector<std::string>{"prose-lighthouse"});
+  EXPECT_EQ(cfg.resolved["accumulation"]["context"], 48);
+  std::FILE* devnull = std::fopen("/dev/null", "w");
+  SweepOptions o;
+  o.report = false;
+  o.log = devnull;
+  o.progress_tty = 0;
+  const SweepResult r = run_sweep(cfg, o);
+  std::fclose(devnull);
+  ASSERT_EQ(r.finished, 2);
+
+  std::map<std::string, std::map<std::string, double>> by_method;  // family -> metric -> value
+  std::istringstream lines(slurp_file(r.run_dir / "summary.jsonl"));
+  for (std::string line; std::getline(lines, line);) {
+    const json row = json::parse(line);
+    if (row["scope"] != "accumulation" && row["scope"] != "decode") continue;
+    EXPECT_EQ(row["data"], "fixture-qwen3-h128");
+    if (row["layer"] == "all" && row["value"].is_number()) {
+      by_method[row["family"]][row["metric"]] = row["value"].get<double>();
+    }
+  }
+  for (const char* m :
+       {"accumulation.mae_accumulated.final", "accumulation.mae_static.final", "decode.kl.mean",
+        "decode.top1_agreement", "decode.first_divergence", "decode.hidden_drift.last_layer"}) {
+    ASSERT_TRUE(by_method["fp16"].count(m)) << m;
+    ASSERT_TRUE(by_method["kivi"].count(m)) << m;
+  }
+  EXPECT_EQ(by_method["fp16"]["accumulation.mae_accumulated.final"], 0.0);
+  EXPECT_EQ(by_method["fp16"]["decode.kl.mean"], 0.0);
+  EXPECT_EQ(by_method["fp16"]["decode.first_divergence"], 6.0);
+  EXPECT_GT(by_method["kivi"]["accumulation.mae_accumulated.final"], 0.0);
+  EXPECT_GT(by_method["kivi"]["decode.kl.mean"], 0.0);
+
+  // (KIVI with 8-token residual windows: the default 128 would keep the 48-token context fp16.)
+  // The arrays the report reads, with matching shapes.
+  for (const auto& e : fs::directory_iterator(r.run_dir / "arrays")) {
+    H5::H5File f(e.path().string(), H5F_ACC_RDONLY);
+    auto len = [&](const std::string& name) {
+      hsize_t dims[2] = {0, 0};
+      f.openDataSet(name).getSpace().getSimpleExtentDims(dims);
+      return dims[0];
+    };
+    EXPECT_EQ(len("accumulation/context_len"), 3u);  // blocks ending at 16, 32, 48
+    EXPECT_EQ(len("accumulation/mae_static"), 3u);
+    EXPECT_EQ(len("accumulation/mae_accumulated"), 3u);
+    EXPECT_EQ(len("accumulation/mae_accumulated_layer"), 3u);
+    EXPECT_EQ(len("decode/step"), 6u);
+    EXPECT_EQ(len("decode/kl"), 6u);
+    EXPECT_EQ(len("decode/greedy/tokens"), 1u);  // one prompt
+    EXPECT_EQ(len("accumulation_models/fixture-qwen3-h128/decode/kl"), 6u);
+  }
+}
+
+TEST_F(AccumulationSweep, BadBlocksFailWithLocation) {
+  if (!fs::exists(fixture_model() / "config.json")) GTEST_SKIP() << "fixture model absent";
+  // small_config has 12 lines before `extra`: `modes` is line 21.
+  EXPECT_NE(error_of(block("  modes: [pseudo_decode, teacher_forcing]\n"))
+                .find(":21:26: key 'accumulation.modes.1': unknown mode 'teacher_forcing' "
+                      "(nearest: teacher_forced)"),
+            std::string::npos)
+      << error_of(block("  modes: [pseudo_decode, teacher_forcing]\n"));
+  EXPECT_NE(error_of(block("  prompt_ids: [nope]\n")).find("key 'accumulation.prompt_ids.0'"),
+            std::string::npos);
+  EXPECT_NE(error_of(block("  blocks: 3\n")).find("key 'accumulation.blocks': unknown key"),
+            std::string::npos);
+  EXPECT_NE(error_of(block("  top_p: 0\n")).find("key 'accumulation.top_p': must be in (0, 1]"),
+            std::string::npos);
+  const std::string missing =
+      error_of("accumulation:\n  enabled: true\n  model: no/such/model\n  prompts: x.jsonl\n");
+  EXPECT_NE(missing.find("key 'accumulation.model': not a checkpoint directory"), std::string::npos)
+      << missing;
+  EXPECT_NE(error_of(block(), {"accumulation.context=2000"}).find("exceeds"), std::string::npos);
+}
+
+#else
+
+TEST_F(AccumulationSweep, WithoutRunnerIsSkippedWithNotice) {
+  const SweepConfig cfg = load_config(small_config("  - fp16\n", block()));
+  EXPECT_FALSE(cfg.accumulation.enabled);
+  ASSERT_FALSE(cfg.notices.empty());
+  EXPECT_NE(cfg.notices.back().find("accumulation skipped"), std::string::npos);
+}
+
+#endif
+
+}  // namespace
+}  // namespace kvarn
