@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <ctime>
 #include <fstream>
 
 #include "kvarn/data/error.hpp"
@@ -47,6 +49,15 @@ void write_atomically(const fs::path& path, const std::function<void(const fs::p
     fail(path.string(), ": cannot move the finished file into place: ", ec.message());
   }
   if (!path.parent_path().empty()) fsync_path(path.parent_path());
+}
+
+std::string utc_timestamp() {
+  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 void write_text_atomically(const fs::path& path, const std::string& text, bool overwrite) {

@@ -117,7 +117,9 @@ FreeRunResult free_run(const Model& model, ModelKvCache& cache, std::vector<floa
   return r;
 }
 
-double mean_of(const std::vector<double>& v) {
+}  // namespace
+
+double finite_mean(const std::vector<double>& v) {
   double s = 0;
   int n = 0;
   for (double x : v) {
@@ -129,7 +131,7 @@ double mean_of(const std::vector<double>& v) {
   return n > 0 ? s / n : kNaN;
 }
 
-}  // namespace
+namespace {}  // namespace
 
 double next_token_kl(std::span<const float> p_logits, std::span<const float> q_logits) {
   KVARN_CHECK(p_logits.size() == q_logits.size() && !p_logits.empty(),
@@ -390,48 +392,47 @@ AccumulationResult run_accumulation(const Model& model, const AccumulationRefere
 
 std::vector<std::pair<std::string, double>> accumulation_summary(const AccumulationResult& r) {
   std::vector<std::pair<std::string, double>> m;
-  auto layer_mean = [](const std::vector<double>& v) { return mean_of(v); };
   if (r.has_pseudo && !r.pseudo.context_len.empty()) {
     const PseudoDecodeResult& p = r.pseudo;
     const std::size_t last = p.context_len.size() - 1;
     // Block 0 has no cached context (zero error by construction); block 1 is the first that
     // reads the quantized cache.
     const std::size_t first = std::min<std::size_t>(1, last);
-    const double acc = layer_mean(p.mae_accumulated[last]);
-    const double sta = layer_mean(p.mae_static[last]);
-    const double acc1 = layer_mean(p.mae_accumulated[first]);
+    const double acc = finite_mean(p.mae_accumulated[last]);
+    const double sta = finite_mean(p.mae_static[last]);
+    const double acc1 = finite_mean(p.mae_accumulated[first]);
     m.emplace_back("accumulation.mae_accumulated.final", acc);
     m.emplace_back("accumulation.mae_static.final", sta);
-    m.emplace_back("accumulation.nmse_accumulated.final", layer_mean(p.nmse_accumulated[last]));
-    m.emplace_back("accumulation.nmse_static.final", layer_mean(p.nmse_static[last]));
+    m.emplace_back("accumulation.nmse_accumulated.final", finite_mean(p.nmse_accumulated[last]));
+    m.emplace_back("accumulation.nmse_static.final", finite_mean(p.nmse_static[last]));
     m.emplace_back("accumulation.mae_accumulated.first", acc1);
-    m.emplace_back("accumulation.mae_static.first", layer_mean(p.mae_static[first]));
+    m.emplace_back("accumulation.mae_static.first", finite_mean(p.mae_static[first]));
     // Ratios only where defined (the fp16 method has zero error everywhere): no NaN rows.
     if (acc1 > 0) m.emplace_back("accumulation.mae_accumulated.growth", acc / acc1);
     if (sta > 0) m.emplace_back("accumulation.mae_ratio.final", acc / sta);
   }
   if (r.has_teacher) {
     const TeacherForcedResult& t = r.teacher;
-    m.emplace_back("decode.kl.mean", mean_of(t.kl));
+    m.emplace_back("decode.kl.mean", finite_mean(t.kl));
     m.emplace_back("decode.kl.max", *std::max_element(t.kl.begin(), t.kl.end()));
-    m.emplace_back("decode.top1_agreement", mean_of(t.top1));
+    m.emplace_back("decode.top1_agreement", finite_mean(t.top1));
     std::vector<double> last_layer, all;
     for (const auto& d : t.hidden_drift) {
       last_layer.push_back(d.back());
       all.insert(all.end(), d.begin(), d.end());
     }
-    m.emplace_back("decode.hidden_drift.last_layer", mean_of(last_layer));
-    m.emplace_back("decode.hidden_drift.mean", mean_of(all));
+    m.emplace_back("decode.hidden_drift.last_layer", finite_mean(last_layer));
+    m.emplace_back("decode.hidden_drift.mean", finite_mean(all));
   }
   if (r.has_greedy) {
     m.emplace_back("decode.first_divergence", r.greedy.first_divergence);
     m.emplace_back("decode.token_agreement", r.greedy.token_agreement);
-    m.emplace_back("decode.free_kl.mean", mean_of(r.greedy.kl));
+    m.emplace_back("decode.free_kl.mean", finite_mean(r.greedy.kl));
   }
   if (r.has_sampled) {
     m.emplace_back("decode.sampled.first_divergence", r.sampled.first_divergence);
     m.emplace_back("decode.sampled.token_agreement", r.sampled.token_agreement);
-    m.emplace_back("decode.sampled.kl.mean", mean_of(r.sampled.kl));
+    m.emplace_back("decode.sampled.kl.mean", finite_mean(r.sampled.kl));
   }
   return m;
 }

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kvarn/data/atomic_file.hpp"
 #include "kvarn/data/error.hpp"
 #include "kvarn/data/tile_file.hpp"
 #include "kvarn/eval/model.hpp"
@@ -32,15 +33,6 @@ std::string read_text_file(const fs::path& p, const std::string& what) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-std::string utc_now() {
-  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 std::string trim(const std::string& s) {
@@ -325,7 +317,7 @@ CaptureResult run_capture(const CaptureOptions& o) {
   // Provenance: caller's (tool, version, git, command) + what this capture knows.
   json prov = o.provenance.is_object() ? o.provenance : json::object();
   if (!prov.contains("tool")) prov["tool"] = "kvarn-eval capture";
-  prov["created"] = utc_now();
+  prov["created"] = utc_timestamp();
   json config_json;
   try {
     config_json = json::parse(read_text_file(cfg.path, "config"));

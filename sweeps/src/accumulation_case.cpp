@@ -124,18 +124,6 @@ std::vector<double> flatten(const std::vector<std::vector<double> >& m) {
   return out;
 }
 
-double layer_mean(const std::vector<double>& v) {
-  double s = 0;
-  int n = 0;
-  for (double x : v) {
-    if (std::isfinite(x)) {
-      s += x;
-      ++n;
-    }
-  }
-  return n > 0 ? s / n : kNaN;
-}
-
 void write_doubles(H5::Group& g, const std::string& name, const std::vector<double>& v,
                    std::vector<hsize_t> dims = {}) {
   if (dims.empty()) dims = {static_cast<hsize_t>(v.size())};
@@ -171,7 +159,7 @@ void write_model(H5::Group& g, const AccumulationCaseData::Model& m) {
       std::vector<double> mean(B);
       for (hsize_t b = 0; b < B; ++b) {
         mean[b] =
-            layer_mean(std::vector<double>(layer.begin() + b * L, layer.begin() + (b + 1) * L));
+            finite_mean(std::vector<double>(layer.begin() + b * L, layer.begin() + (b + 1) * L));
       }
       write_doubles(a, name, mean);
       write_doubles(a, std::string(name) + "_layer", layer, {B, L});
@@ -281,7 +269,7 @@ AccumulationCase run_accumulation_case(const SweepConfig& cfg, const CaseSpec& c
         values[k].push_back(v);
       }
     }
-    for (const std::string& k : names) row(k, "all", layer_mean(values[k]));
+    for (const std::string& k : names) row(k, "all", finite_mean(values[k]));
     const AccumulationResult& f = md.prompts.front();
     for (int l = 0; l < m.num_layers; ++l) {
       std::vector<double> acc, sta, drift;
@@ -293,14 +281,14 @@ AccumulationCase run_accumulation_case(const SweepConfig& cfg, const CaseSpec& c
         if (res.has_teacher) {
           std::vector<double> d;
           for (const auto& s : res.teacher.hidden_drift) d.push_back(s[l]);
-          drift.push_back(layer_mean(d));
+          drift.push_back(finite_mean(d));
         }
       }
       if (f.has_pseudo) {
-        row("accumulation.mae_accumulated.final", l, layer_mean(acc));
-        row("accumulation.mae_static.final", l, layer_mean(sta));
+        row("accumulation.mae_accumulated.final", l, finite_mean(acc));
+        row("accumulation.mae_static.final", l, finite_mean(sta));
       }
-      if (f.has_teacher) row("decode.hidden_drift.mean", l, layer_mean(drift));
+      if (f.has_teacher) row("decode.hidden_drift.mean", l, finite_mean(drift));
     }
     out.data->models.push_back(std::move(md));
   }

@@ -207,15 +207,6 @@ std::string sha256_file_hex(const fs::path& path) {
   return sha.hex();
 }
 
-std::string utc_timestamp() {
-  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 nlohmann::json collect_provenance(const nlohmann::json& extra) {
   nlohmann::json j;
   const int dirty_cfg = KVARN_GIT_DIRTY_CONFIGURE;
@@ -282,7 +273,8 @@ nlohmann::json collect_provenance(const nlohmann::json& extra) {
   j["hostname"] = host;
   j["date"] = utc_timestamp();
   for (auto it = extra.begin(); it != extra.end(); ++it) j[it.key()] = it.value();
-  if (j.contains("seeds") && j["seeds"].contains("config_seed")) j["seed"] = j["seeds"]["config_seed"];
+  if (j.contains("seeds") && j["seeds"].contains("config_seed"))
+    j["seed"] = j["seeds"]["config_seed"];
   return j;
 }
 

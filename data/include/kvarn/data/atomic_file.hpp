@@ -18,6 +18,9 @@ void write_atomically(const std::filesystem::path& path,
                       const std::function<void(const std::filesystem::path& tmp)>& write,
                       bool overwrite = true);
 
+// Current UTC time as ISO 8601 ("2026-11-29T12:00:00Z"), for provenance records.
+std::string utc_timestamp();
+
 // Whole-file text write, atomically.
 void write_text_atomically(const std::filesystem::path& path, const std::string& text,
                            bool overwrite = true);

@@ -109,6 +109,9 @@ std::vector<std::pair<std::string, double>> accumulation_summary(const Accumulat
 // Per-step / per-block arrays and summaries as JSON (nlohmann), for records and tests.
 nlohmann::json to_json(const AccumulationResult& r);
 
+// Mean of the finite entries (NaN marks "undefined" in the arrays); NaN when none is finite.
+double finite_mean(const std::vector<double>& v);
+
 }  // namespace kvarn
 
 #endif  // KVARN_EVAL_ACCUMULATION_HPP_

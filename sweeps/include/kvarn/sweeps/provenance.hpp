@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "kvarn/data/atomic_file.hpp"  // utc_timestamp
+
 namespace kvarn {
 
 // SHA-256 (FIPS 180-4) of `data`, as 64 lowercase hex digits.
@@ -24,8 +26,6 @@ std::string file_fingerprint(const std::filesystem::path& path);
 // SHA-256 of a whole file (streamed, any size), 64 lowercase hex digits. Throws when unreadable.
 std::string sha256_file_hex(const std::filesystem::path& path);
 
-// "2024-06-07T12:34:56Z"
-std::string utc_timestamp();
 
 // Everything about the build and the machine; `extra` (seed, command line, ...) is merged in.
 nlohmann::json collect_provenance(const nlohmann::json& extra);
