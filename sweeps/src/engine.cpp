@@ -14,6 +14,7 @@
 #include <set>
 #include <tuple>
 
+#include "accumulation_case.hpp"
 #include "kvarn/core/kvarn.hpp"
 #include "kvarn/core/registry.hpp"
 #include "kvarn/data/atomic_file.hpp"
@@ -25,9 +26,8 @@
 #include "kvarn/eval/tile_metrics.hpp"
 #include "kvarn/sweeps/progress.hpp"
 #include "kvarn/sweeps/provenance.hpp"
+#include "kvarn/sweeps/report.hpp"
 #include "kvarn/sweeps/store.hpp"
-
-#include "accumulation_case.hpp"
 
 #ifndef KVARN_SOURCE_ROOT
 #define KVARN_SOURCE_ROOT ""
@@ -208,16 +208,6 @@ std::vector<int> selected(const std::optional<std::vector<int>>& sel, int n) {
   std::vector<int> all(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) all[static_cast<std::size_t>(i)] = i;
   return all;
-}
-
-std::string shell_quote(const std::string& s) {
-  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                        "0123456789_-./=:,+@") == std::string::npos) {
-    return s;
-  }
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
 }
 
 // One data file's part of a case.
@@ -514,38 +504,24 @@ json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& ar
     for (const auto& [pk, pool] : part.attention) emit("attention", pk, pool.metrics(ms.topk));
   }
   for (const json& r : acc.rows) rows.push_back(r);
-  json record = {{"format", kCaseFormat},
-          {"format_version", kCaseFormatVersion},
-          {"case_id", cs.id},
-          {"index", cs.index},
-          {"input", cs.input},
-          {"name", cs.name},
-          {"spec", cs.spec},
-          {"family", cs.family},
-          {"accounting", accounting},
-          {"slabs", slabs},
-          {"attention", attention},
-          {"rows", rows},
-          {"arrays", arrays_path.empty() ? json(nullptr)
-                                         : json("arrays/" + arrays_path.filename().string())}};
+  json record = {
+      {"format", kCaseFormat},
+      {"format_version", kCaseFormatVersion},
+      {"case_id", cs.id},
+      {"index", cs.index},
+      {"input", cs.input},
+      {"name", cs.name},
+      {"spec", cs.spec},
+      {"family", cs.family},
+      {"accounting", accounting},
+      {"slabs", slabs},
+      {"attention", attention},
+      {"rows", rows},
+      {"arrays",
+       arrays_path.empty() ? json(nullptr) : json("arrays/" + arrays_path.filename().string())}};
   if (cfg.accumulation.enabled) record["accumulation"] = std::move(acc.record);
   return record;
 }
-
-namespace {
-
-fs::path find_report_script() {
-  if (const char* env = std::getenv("KVARN_REPORT_SCRIPT")) return env;
-  const std::string root = KVARN_SOURCE_ROOT;
-  std::error_code ec;
-  for (const fs::path& p :
-       {fs::path("reports/kvarn_report.py"), fs::path(root) / "reports" / "kvarn_report.py"}) {
-    if (!p.empty() && fs::is_regular_file(p, ec)) return p;
-  }
-  return {};
-}
-
-}  // namespace
 
 SweepResult run_sweep(const SweepConfig& cfg, const SweepOptions& opts) {
   KVARN_CHECK(opts.shard_count >= 1 && opts.shard_index >= 0 && opts.shard_index < opts.shard_count,
@@ -641,20 +617,17 @@ SweepResult run_sweep(const SweepConfig& cfg, const SweepOptions& opts) {
                (res.run_dir / "summary.jsonl").string().c_str(), res.finished, res.total);
 
   if (opts.report && cfg.report) {
-    const fs::path script = find_report_script();
-    if (script.empty()) {
+    if (find_report_script().empty()) {
       KVARN_CHECK(!opts.strict_report, "report: reports/kvarn_report.py not found");
       std::fprintf(opts.log, "warning: report skipped: reports/kvarn_report.py not found\n");
     } else {
-      const std::string cmd =
-          "python3 " + shell_quote(script.string()) + " " + shell_quote(res.run_dir.string());
       std::fflush(opts.log);
-      const int status = std::system(cmd.c_str());
-      res.report_rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+      res.report_rc = run_report(res.run_dir);
       if (res.report_rc != 0) {
-        KVARN_CHECK(!opts.strict_report, "report failed (exit ", res.report_rc, "): ", cmd);
-        std::fprintf(opts.log, "warning: report failed (exit %d): %s\n", res.report_rc,
-                     cmd.c_str());
+        KVARN_CHECK(!opts.strict_report, "report failed (exit ", res.report_rc, ") for ",
+                    res.run_dir.string());
+        std::fprintf(opts.log, "warning: report failed (exit %d) for %s\n", res.report_rc,
+                     res.run_dir.string().c_str());
       }
     }
   }

@@ -173,18 +173,37 @@ std::string quote(const std::string& s) { return "'" + s + "'"; }
 
 }  // namespace
 
+std::string shell_quote(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                        "0123456789_-./=:,+@") == std::string::npos) {
+    return s;
+  }
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
 std::string sha256_hex(const std::string& data) {
   Sha256 sha;
   sha.update(data);
   return sha.hex();
 }
 
-std::string file_fingerprint(const fs::path& path) {
+namespace {
+// Opens `path` for hashing; its size in *size.
+std::ifstream open_for_hash(const fs::path& path, std::uintmax_t* size) {
   std::error_code ec;
-  const std::uintmax_t size = fs::file_size(path, ec);
+  *size = fs::file_size(path, ec);
   KVARN_CHECK(!ec, path.string(), ": cannot read: ", ec.message());
   std::ifstream in(path, std::ios::binary);
   KVARN_CHECK(in.good(), path.string(), ": cannot open for reading");
+  return in;
+}
+}  // namespace
+
+std::string file_fingerprint(const fs::path& path) {
+  std::uintmax_t size = 0;
+  std::ifstream in = open_for_hash(path, &size);
   Sha256 sha;
   if (size <= kFingerprintFullBytes) {
     hash_range(sha, in, 0, size);
@@ -197,11 +216,8 @@ std::string file_fingerprint(const fs::path& path) {
 }
 
 std::string sha256_file_hex(const fs::path& path) {
-  std::error_code ec;
-  const std::uintmax_t size = fs::file_size(path, ec);
-  KVARN_CHECK(!ec, path.string(), ": cannot read: ", ec.message());
-  std::ifstream in(path, std::ios::binary);
-  KVARN_CHECK(in.good(), path.string(), ": cannot open for reading");
+  std::uintmax_t size = 0;
+  std::ifstream in = open_for_hash(path, &size);
   Sha256 sha;
   hash_range(sha, in, 0, size);
   return sha.hex();

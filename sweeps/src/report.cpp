@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "kvarn/data/error.hpp"
+#include "kvarn/sweeps/provenance.hpp"
 
 #ifndef KVARN_SOURCE_ROOT
 #define KVARN_SOURCE_ROOT ""
@@ -14,14 +15,6 @@
 namespace kvarn {
 
 namespace fs = std::filesystem;
-
-namespace {
-std::string quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-}  // namespace
 
 fs::path find_report_script() {
   if (const char* env = std::getenv("KVARN_REPORT_SCRIPT")) return env;
@@ -38,8 +31,8 @@ int run_report(const fs::path& run_dir, const std::string& out_dir) {
   const fs::path script = find_report_script();
   KVARN_CHECK(!script.empty(),
               "report: reports/kvarn_report.py not found (set KVARN_REPORT_SCRIPT)");
-  std::string cmd = "python3 " + quote(script.string()) + " " + quote(run_dir.string());
-  if (!out_dir.empty()) cmd += " --out " + quote(out_dir);
+  std::string cmd = "python3 " + shell_quote(script.string()) + " " + shell_quote(run_dir.string());
+  if (!out_dir.empty()) cmd += " --out " + shell_quote(out_dir);
   std::fflush(stdout);
   std::fflush(stderr);
   const int status = std::system(cmd.c_str());

@@ -30,6 +30,9 @@ std::string sha256_file_hex(const std::filesystem::path& path);
 // Everything about the build and the machine; `extra` (seed, command line, ...) is merged in.
 nlohmann::json collect_provenance(const nlohmann::json& extra);
 
+// Quotes a shell word when needed (for the reproduce commands and the report launcher).
+std::string shell_quote(const std::string& s);
+
 }  // namespace kvarn
 
 #endif  // KVARN_SWEEPS_PROVENANCE_HPP_
