@@ -2,6 +2,8 @@
 // (the combine is a programmatic dependent launch: its launch overlaps the split kernel's tail).
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <unordered_map>
 
 #include "decode_launch.cuh"
 #include "kvarn/cuda/api.hpp"
@@ -27,6 +29,13 @@ KvFormat kernel_format(DecodeFormat f) {
   return f == DecodeFormat::kKvarn ? KvFormat::kKvarn
          : f == DecodeFormat::kFp16 ? KvFormat::kFp16
                                     : KvFormat::kFp8;
+}
+
+// Warps per split CTA: each writes its own workspace split.
+int split_warps(const DecodeProblem& p) {
+  return p.format == DecodeFormat::kTurboQuant
+             ? 1
+             : decode_warps(kernel_format(p.format), p.block_size);
 }
 
 long long record_bytes_of(const DecodeProblem& p) {
@@ -61,17 +70,54 @@ int turboquant_slot_bytes(int head_dim, const TqDecodeConfig& c) {
   return detail::tq_slot_bytes(head_dim, c.key_bits, c.value_bits);
 }
 
-// One-warp CTAs: as many as fit on the device at once (shared memory bound, 228 KiB per SM,
-// 1 KiB reserved per CTA), split so that batch * Hkv * S fills that one wave, with at least two
-// blocks per split (each split writes D floats per head to the workspace).
+namespace {
+
+// Resident CTAs per SM of the split kernel for this problem (registers and shared memory, from
+// the CUDA occupancy calculator); 0 when it cannot be asked (no device).
+int resident_ctas(const DecodeProblem& p) {
+  if (p.format == DecodeFormat::kTurboQuant || device_count() == 0) return 0;
+  int n = 0;
+  DecodeArgs a{};
+  const KvFormat f = kernel_format(p.format);
+  const int g = p.block_size;
+  a.stage_bytes = f == KvFormat::kKvarn
+                      ? detail::stage_bytes_for<KvFormat::kKvarn>(p.head_dim, g, record_bytes_of(p))
+                  : f == KvFormat::kFp16
+                      ? detail::stage_bytes_for<KvFormat::kFp16>(p.head_dim, g, 0)
+                      : detail::stage_bytes_for<KvFormat::kFp8>(p.head_dim, g, 0);
+  detail::LaunchShape s{p.head_dim, p.block_size, 1, 1, 1, &n};
+  if (f == KvFormat::kKvarn) {
+    if (!detail::launch_kvarn_k4(p.kvarn.key_bits, p.kvarn.value_bits, a, s, nullptr))
+      detail::launch_kvarn_other(p.kvarn.key_bits, p.kvarn.value_bits, a, s, nullptr);
+  } else {
+    detail::launch_fp(f, a, s, nullptr);
+  }
+  return n;
+}
+
+}  // namespace
+
+// As many split CTAs as are resident on the device at once (occupancy calculator; without a
+// device: shared memory bound, 228 KiB per SM, 1 KiB reserved per CTA), split so that
+// batch * Hkv * S fills that one wave, with at least two blocks per split (each split writes D
+// floats per head and warp to the workspace).
 int decode_num_splits(const DecodeProblem& p) {
   if (p.num_splits > 0) return p.num_splits;
   const bool tq = p.format == DecodeFormat::kTurboQuant;
   const int smem = tq ? detail::tq_smem_bytes(tq_slot(p))
                       : detail::decode_smem_bytes(kernel_format(p.format), p.head_dim,
-                                                  record_bytes_of(p));
+                                                  p.block_size, record_bytes_of(p));
   // TurboQuant: __launch_bounds__(32, 16) caps the registers at 16 CTAs per SM
-  const long long per_sm = std::clamp(233472 / (smem + 1024), 1, tq ? 16 : 32);
+  static thread_local std::unordered_map<std::string, int> cache;  // per kernel instantiation
+  const std::string key = std::to_string(static_cast<int>(p.format)) + "/" +
+                          std::to_string(p.head_dim) + "/" + std::to_string(p.block_size) + "/" +
+                          std::to_string(p.kvarn.key_bits) + std::to_string(p.kvarn.value_bits) +
+                          "/" + std::to_string(static_cast<int>(p.kvarn.scales));
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, resident_ctas(p)).first;
+  const int resident = it->second;
+  const long long per_sm =
+      resident > 0 ? resident : std::clamp(233472 / (smem + 1024), 1, tq ? 16 : 32);
   const long long slots = per_sm * sm_count();
   const long long ctas = std::max(1LL, static_cast<long long>(p.batch) * p.num_kv_heads);
   long long s = std::max(1LL, slots / ctas);
@@ -81,7 +127,7 @@ int decode_num_splits(const DecodeProblem& p) {
 
 std::size_t decode_workspace_bytes(const DecodeProblem& p) {
   const std::size_t rows = static_cast<std::size_t>(p.batch) * p.num_q_heads;
-  const std::size_t s = static_cast<std::size_t>(decode_num_splits(p));
+  const std::size_t s = static_cast<std::size_t>(decode_num_splits(p)) * split_warps(p);
   return rows * s * (static_cast<std::size_t>(p.head_dim) + 1) * sizeof(float);
 }
 
@@ -146,8 +192,10 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
   a.qpk = p.num_q_heads / p.num_kv_heads;
   a.num_splits = splits;
   a.qk_scale = sm_scale * 1.4426950408889634f;
+  a.code_magic = 0x64006400u;
   a.o_part = static_cast<float*>(b.workspace);
-  a.lse = a.o_part + static_cast<std::size_t>(p.batch) * p.num_q_heads * splits * p.head_dim;
+  const int ws_splits = splits * split_warps(p);  // workspace splits (one per warp)
+  a.lse = a.o_part + static_cast<std::size_t>(p.batch) * p.num_q_heads * ws_splits * p.head_dim;
   detail::LaunchShape s{p.head_dim, p.block_size, splits, p.batch, p.num_kv_heads};
   if (p.format == DecodeFormat::kKvarn) {
     const KvarnConfig& c = p.kvarn;
@@ -169,7 +217,8 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
     a.s_col_v = static_cast<int>(lay.s_col_v);
     a.s_row_v = static_cast<int>(lay.s_row_v);
     a.zp_v = static_cast<int>(lay.zp_v);
-    a.stage_bytes = detail::stage_bytes_for<KvFormat::kKvarn>(p.head_dim, a.record_bytes);
+    a.stage_bytes =
+        detail::stage_bytes_for<KvFormat::kKvarn>(p.head_dim, p.block_size, a.record_bytes);
     if (!detail::launch_kvarn_k4(c.key_bits, c.value_bits, a, s, stream) &&
         !detail::launch_kvarn_other(c.key_bits, c.value_bits, a, s, stream)) {
       fail("paged_decode: KVarN k", c.key_bits, "v", c.value_bits,
@@ -178,12 +227,14 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
   } else {
     a.rot_scale = 0.0f;
     const KvFormat f = kernel_format(p.format);
-    a.stage_bytes = f == KvFormat::kFp16 ? detail::stage_bytes_for<KvFormat::kFp16>(p.head_dim, 0)
-                                         : detail::stage_bytes_for<KvFormat::kFp8>(p.head_dim, 0);
+    const int g = p.block_size;
+    a.stage_bytes = f == KvFormat::kFp16
+                        ? detail::stage_bytes_for<KvFormat::kFp16>(p.head_dim, g, 0)
+                        : detail::stage_bytes_for<KvFormat::kFp8>(p.head_dim, g, 0);
     detail::launch_fp(f, a, s, stream);
   }
   out_rot = a.rot_scale;
-  launch_combine(p, a.o_part, a.lse, splits, out_rot, b.out, stream);
+  launch_combine(p, a.o_part, a.lse, ws_splits, out_rot, b.out, stream);
 }
 
 }  // namespace kvarn::cuda

@@ -9,14 +9,15 @@ namespace kvarn::cuda::detail {
 
 struct LaunchShape {
   int head_dim, group, num_splits, batch, num_kv_heads;
+  int* ctas_per_sm = nullptr;  // set: report the kernel's resident CTAs per SM, launch nothing
 };
 
 // Bytes of one pipeline stage and of the kernel's dynamic shared memory.
 inline int round128(long long x) { return static_cast<int>((x + 127) / 128 * 128); }
 template <KvFormat F>
-int stage_bytes_for(int head_dim, long long record_bytes) {
+int stage_bytes_for(int head_dim, int group, long long record_bytes) {
   int row = 0;
-  DISPATCH_HEAD_DIM(head_dim, kD, { row = row_item_bytes<kD, F>(); })
+  DISPATCH_HEAD_DIM(head_dim, kD, { row = row_item_bytes<kD, F>(group); })
   if constexpr (F == KvFormat::kKvarn) return round128(record_bytes > row ? record_bytes : row);
   return round128(row);
 }
@@ -24,17 +25,17 @@ template <KvFormat F>
 constexpr int stages_for() {
   return DecodeTraits<128, 128, F, 8, 8>::kStages;
 }
-inline int decode_smem_bytes(KvFormat f, int head_dim, long long record_bytes) {
+inline int decode_smem_bytes(KvFormat f, int head_dim, int group, long long record_bytes) {
   switch (f) {
     case KvFormat::kKvarn:
       return 128 + stages_for<KvFormat::kKvarn>() *
-                       stage_bytes_for<KvFormat::kKvarn>(head_dim, record_bytes);
+                       stage_bytes_for<KvFormat::kKvarn>(head_dim, group, record_bytes);
     case KvFormat::kFp16:
       return 128 + stages_for<KvFormat::kFp16>() *
-                       stage_bytes_for<KvFormat::kFp16>(head_dim, record_bytes);
+                       stage_bytes_for<KvFormat::kFp16>(head_dim, group, record_bytes);
     default:
       return 128 + stages_for<KvFormat::kFp8>() *
-                       stage_bytes_for<KvFormat::kFp8>(head_dim, record_bytes);
+                       stage_bytes_for<KvFormat::kFp8>(head_dim, group, record_bytes);
   }
 }
 
@@ -44,13 +45,19 @@ void launch_decode(const DecodeArgs& a, const LaunchShape& s, cudaStream_t strea
     DISPATCH_GROUP_DECODE(s.group, kG, {
       const int smem = 128 + DecodeTraits<kD, kG, F, KB, VB>::kStages * a.stage_bytes;
       auto kernel = paged_decode_kernel<kD, kG, F, KB, VB>;
+      constexpr int kThreads = 32 * DecodeTraits<kD, kG, F, KB, VB>::kWarps;
       static int smem_set = 0;  // per instantiation: raise the limit once (host-side cost)
       if (smem > smem_set) {
         KVARN_CUDA_CHECK(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         smem_set = smem;
       }
-      kernel<<<dim3(s.num_splits, s.num_kv_heads, s.batch), 32, smem, stream>>>(a);
+      if (s.ctas_per_sm != nullptr) {  // registers and shared memory both count
+        KVARN_CUDA_CHECK(
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(s.ctas_per_sm, kernel, kThreads, smem));
+        return;
+      }
+      kernel<<<dim3(s.num_splits, s.num_kv_heads, s.batch), kThreads, smem, stream>>>(a);
       KVARN_CUDA_CHECK_LAUNCH();
     })
   })

@@ -120,10 +120,25 @@ __device__ __forceinline__ std::uint32_t codes_to_half2(std::uint32_t x) {
 
 // The same without the hfma2: half2 of 1024 + c * 2^(f kBits) (exact; f kBits <= 6). The caller
 // removes 1024 * sum(other operand) and the 2^(f kBits) factor outside the mma.
+// 2^x by the SFU alone (ex2.approx.ftz): exp2f adds a denormal range fix-up (setp, 2 fmul, sel)
+// around the same instruction; softmax weights below 2^-126 may flush to zero.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+
+// `magic` must hold 0x64006400 in a register the compiler cannot see as a constant (a kernel
+// parameter): SASS lop3 takes one immediate, so with two constants ptxas emits and + or; with the
+// magic in a register the whole conversion is one lop3 ((x & mask) | magic).
 template <int kBits, int kField>
-__device__ __forceinline__ std::uint32_t codes_raw(std::uint32_t x) {
+__device__ __forceinline__ std::uint32_t codes_raw(std::uint32_t x, std::uint32_t magic) {
   constexpr std::uint32_t kMask = ((1u << kBits) - 1u) << (kField * kBits);
-  return (x & (kMask | (kMask << 16))) | 0x64006400u;
+  std::uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n"
+      : "=r"(r)
+      : "r"(x), "n"(kMask | (kMask << 16)), "r"(magic));
+  return r;
 }
 
 // kBytes (1, 2, 4, 8, 16 or 32; aligned) from shared memory into 32-bit words.

@@ -12,16 +12,19 @@
 //   FP8:    same with e4m3 bytes and per-KV-head float scales k_scale/v_scale [Hkv].
 //   query [batch, Hq, D] fp16, output [batch, Hq, D] fp16 (original frame);
 //   query head hq uses KV head hq / (Hq / Hkv), Hq / Hkv <= 8.
-// Workspace: o_part [batch, Hq, S, D] f32 (normalized by the split's l), lse [batch, Hq, S] f32
-//   (log2 domain, -inf for an empty split).
+// Workspace: o_part [batch, Hq, S W, D] f32 (normalized by the split's l), lse [batch, Hq, S W]
+//   f32 (log2 domain, -inf for an empty split); W = DecodeTraits::kWarps (warps per CTA).
 //
-// Split kernel: grid (S, Hkv, batch), ONE warp per CTA (no block barriers; 4-8 CTAs per SM).
-// The warp serves the query-head group of its KV head (padded to N = 8 heads: the mma N
-// dimension) and logical blocks [s * ceil(nb / S), (s + 1) * ceil(nb / S)) of its sequence.
+// Split kernel: grid (S, Hkv, batch), W warps per CTA: W = 1 (FP16, FP8, KVarN G 32; no block
+// barriers) or 2 (KVarN G >= 64: the two warps share the stages, one barrier per item, and split
+// each record's tokens in halves). A warp serves the query-head group of its KV head (padded to
+// N = 8 heads: the mma N dimension) and logical blocks [s * ceil(nb / S), (s + 1) * ceil(nb / S))
+// of its sequence.
 // Work items stream through kStages shared-memory stages with cp.async (kStages - 1 ahead):
 //   record item: one whole KVarN record (G tokens), copied verbatim;
 //   row item:    kRowTok fp16 / e4m3 K rows then V rows of a pool block / page (rows padded to
-//                D * elem + 16 bytes; rows past the sequence are zero-filled).
+//                D * elem + 16 bytes; rows past the sequence are zero-filled); KVarN: 16 rows
+//                per warp, each warp takes its own 16.
 // Per item, on mma.sync m16n8k16 (fp16 in, fp32 accumulate), lane = 4 g + c:
 //   QK^T:  A = K [tokens (M) x channels (k)], B = q'^T [channels x 8 heads], C = S^T.
 //   PV:    A = V^T [channels (M) x tokens (k)], B = P'^T (the C fragment of S^T turned into a
@@ -36,8 +39,9 @@
 //     fragments pair two token rows. The 1024 offset is removed per record with sum_d q'' /
 //     sum_t p'' (one mma of the B fragment against a ones A fragment per k-step) and the
 //     2^(f bits) factor of field f folds into kmax / vmax.
-//     Token order inside a record: M-tile m, row g + 8 e <-> token g * G / 8 + 2 m + e, so each
-//     lane reads G / 8 consecutive tokens of a channel row with one load.
+//     Token order inside a record (warp w, T = G / W tokens each): M-tile m, row g + 8 e <->
+//     token w T + g T / 8 + 2 m + e, so each lane reads T / 8 consecutive tokens of a channel row
+//     with one load.
 //   Row items: K fragments by ldmatrix (fp16) / ldmatrix + cvt.e4m3x2 (fp8); V fragments by
 //     16-byte loads of two token rows + prmt (+ cvt for fp8).
 //   Output channel ownership (all item kinds): O M-tile mt, row g + 8 e <-> channel
@@ -79,37 +83,51 @@ struct DecodeArgs {
   float qk_scale;   // softmax scale * log2(e)
   float rot_scale;  // 0: no rotation; else Hadamard 1/sqrt(D)
   int fp8_scales;
+  std::uint32_t code_magic;  // 0x64006400 (see codes_raw); a parameter so it stays in a register
   int s_col_k, zp_k, s_row_k, v_codes, s_col_v, s_row_v, zp_v;  // record byte offsets
   float* o_part;
   float* lse;
 };
 
+// Warps per CTA of the split kernel (see the header comment); host and device use this.
+__host__ __device__ constexpr int decode_warps(KvFormat f, int group) {
+  return f == KvFormat::kKvarn && group >= 64 ? 2 : 1;
+}
+
 template <int D, int G, KvFormat F, int KB, int VB>
 struct DecodeTraits {
   static constexpr int kKSteps = D / 16;  // QK k-steps == PV M-tiles
   static constexpr int kElem = F == KvFormat::kFp8 ? 1 : 2;
-  static constexpr int kRowTok = F == KvFormat::kKvarn ? 16 : 32;  // tokens per row item
+  static constexpr int kWarps = decode_warps(F, G);  // warps per CTA (header comment)
+  // tokens per row item: 16 per warp for KVarN (its pool holds only sink and tail), 32 otherwise
+  static constexpr int kRowTok = F == KvFormat::kKvarn ? 16 * kWarps : 32;
   static constexpr int kRowMT = kRowTok / 16;
+  static constexpr int kRowMTw = kRowMT / kWarps;  // M-tiles of a row item per warp
   static constexpr int kRowBytes = D * kElem;
   static constexpr int kRowStride = kRowBytes + 16;  // conflict-free ldmatrix / LDS.128
   static constexpr int kRowItemBytes = 2 * kRowTok * kRowStride;
   static constexpr int kStages = F == KvFormat::kKvarn ? 2 : F == KvFormat::kFp16 ? 3 : 4;
-  // KVarN record geometry
-  static constexpr int kMT = G / 16;  // QK M-tiles == PV k-steps
+  // KVarN: kWarps warps per CTA share the stages; warp w takes record tokens
+  // [w kTok, (w + 1) kTok) and row-item M-tiles [w kRowMTw, (w + 1) kRowMTw) with its own softmax
+  // state (written as its own split): more warps per SM at the same shared memory in flight.
+  static constexpr int kTok = G / kWarps;
+  // KVarN record geometry (per warp)
+  static constexpr int kMT = kTok / 16;  // QK M-tiles == PV k-steps
   static constexpr int kPackK = 8 / KB, kPackV = 8 / VB;
-  static constexpr int kKRow = G / kPackK;       // bytes of one K channel row
-  static constexpr int kKThr = G / 8 / kPackK;   // bytes of it one lane reads
-  static constexpr int kVRow = D / kPackV;       // bytes of one V token row
-  static constexpr int kVThr = D / 8 / kPackV;   // bytes of it one lane reads
-  static constexpr int kTokThr = G / 8;          // record tokens owned by a lane group g
+  static constexpr int kKRow = G / kPackK;         // bytes of one K channel row
+  static constexpr int kKThr = kTok / 8 / kPackK;  // bytes of it one lane reads
+  static constexpr int kVRow = D / kPackV;         // bytes of one V token row
+  static constexpr int kVThr = D / 8 / kPackV;     // bytes of it one lane reads
+  static constexpr int kTokThr = kTok / 8;         // record tokens owned by a lane group g
   static_assert(D % 32 == 0 && G % 16 == 0, "shape");
-  static_assert(F != KvFormat::kKvarn || (G / 8) % kPackK == 0, "K code packing");
+  static_assert(F != KvFormat::kKvarn || (kTok / 8) % kPackK == 0, "K code packing");
 };
 
-// Host-visible stage size for a format (KVarN: max(record, row item)).
+// Host-visible row item size of a format and group (the stage is max(record, row item)).
 template <int D, KvFormat F>
-constexpr int row_item_bytes() {
-  return DecodeTraits<D, 32, F, 8, 8>::kRowItemBytes;
+constexpr int row_item_bytes(int group) {
+  return decode_warps(F, group) == 2 ? DecodeTraits<D, 128, F, 8, 8>::kRowItemBytes
+                                     : DecodeTraits<D, 32, F, 8, 8>::kRowItemBytes;
 }
 
 namespace detail {
@@ -165,7 +183,7 @@ __device__ __forceinline__ void online_softmax(float (&sc)[MT][4], float (&m)[2]
     for (int o = 4; o < 32; o <<= 1) mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], o));
     const float mn = fmaxf(m[k], mx[k]);
     const float base = mn == -INFINITY ? 0.0f : mn;
-    alpha[k] = exp2f(m[k] - base);
+    alpha[k] = fast_exp2(m[k] - base);
     m[k] = mn;
     mx[k] = base;
   }
@@ -174,7 +192,7 @@ __device__ __forceinline__ void online_softmax(float (&sc)[MT][4], float (&m)[2]
   for (int i = 0; i < MT; ++i)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      sc[i][r] = exp2f(sc[i][r] - mx[r & 1]);
+      sc[i][r] = fast_exp2(sc[i][r] - mx[r & 1]);
       ls[r & 1] += sc[i][r];
     }
   l[0] = l[0] * alpha[0] + ls[0];
@@ -191,14 +209,16 @@ __device__ __forceinline__ int q_channel(int s, int c, int e) {
 }  // namespace detail
 
 template <int D, int G, KvFormat F, int KB, int VB>
-__global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
+__global__ void __launch_bounds__(32 * DecodeTraits<D, G, F, KB, VB>::kWarps)
+    paged_decode_kernel(DecodeArgs a) {
   using T = DecodeTraits<D, G, F, KB, VB>;
   constexpr int KS = T::kKSteps;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   int4* desc = reinterpret_cast<int4*>(smem_raw);  // [kStages] {record?, -, -, valid rows}
   unsigned char* stages = smem_raw + 128;
 
-  const int lane = threadIdx.x, g = lane >> 2, c = lane & 3;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+  constexpr int kThreads = 32 * T::kWarps;
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int len = a.seq_lens[b];
   const int nb = (len + G - 1) / G;
@@ -314,7 +334,7 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
     if (F == KvFormat::kKvarn && meta >= 0) {
       const unsigned char* src =
           a.records + (static_cast<long long>(meta) * a.num_kv_heads + h) * a.record_bytes;
-      for (int o16 = lane * 16; o16 < a.record_bytes; o16 += 32 * 16)
+      for (int o16 = tid * 16; o16 < a.record_bytes; o16 += kThreads * 16)
         cp_async16(dst + o16, src + o16);
       d = make_int4(1, pj, 0, n_valid);
       ++pj;
@@ -327,7 +347,7 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
       const unsigned char* vb = static_cast<const unsigned char*>(a.v_pool) + off;
       constexpr int kCpr = T::kRowBytes / 16;
 #pragma unroll 4
-      for (int i = lane; i < 2 * T::kRowTok * kCpr; i += 32) {
+      for (int i = tid; i < 2 * T::kRowTok * kCpr; i += kThreads) {
         const int kv = i / (T::kRowTok * kCpr), r = (i / kCpr) % T::kRowTok, q16 = i % kCpr;
         const bool valid = r < n;
         const unsigned char* src = (kv ? vb : kb) + (valid ? r * T::kRowBytes + q16 * 16 : 0);
@@ -341,13 +361,16 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
         ++pc;
       }
     }
-    if (lane == 0) desc[stage] = d;
+    if (tid == 0) desc[stage] = d;
   };
 
 
   // ---------------- KVarN record item ----------------
   auto process_record = [&](const unsigned char* rec, int n_valid) {
     if constexpr (F == KvFormat::kKvarn) {
+      const std::uint32_t magic = a.code_magic;
+      const int tb = warp * T::kTok;  // this warp's first record token
+      const int sb = a.fp8_scales ? 1 : 2;  // bytes per row scale
       // q'' = q * s_col_k / kmax (fp16 B fragments); qz = sum_d q zp_k for head g
       float sk[KS][4];
       float kmax = 0.0f, qz = 0.0f;
@@ -388,7 +411,7 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
       for (int m = 0; m < T::kMT; ++m)
 #pragma unroll
         for (int r = 0; r < 4; ++r) sc[m][r] = 0.0f;
-      const unsigned char* kc = rec + g * T::kKThr;
+      const unsigned char* kc = rec + tb / T::kPackK + g * T::kKThr;
 #pragma unroll
       for (int s = 0; s < KS; ++s) {
         const int r0 = 16 * s + 2 * c;
@@ -407,17 +430,17 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
             const std::uint32_t x0 = __byte_perm(w0[j / 4], w1[j / 4], detail::pair_sel(j % 4));
             const std::uint32_t x1 = __byte_perm(w2[j / 4], w3[j / 4], detail::pair_sel(j % 4));
             if (i % T::kPackK == 0) {
-              af[e] = codes_raw<KB, 0>(x0);
-              af[2 + e] = codes_raw<KB, 0>(x1);
+              af[e] = codes_raw<KB, 0>(x0, magic);
+              af[2 + e] = codes_raw<KB, 0>(x1, magic);
             } else if (i % T::kPackK == 1) {
-              af[e] = codes_raw<KB, 1>(x0);
-              af[2 + e] = codes_raw<KB, 1>(x1);
+              af[e] = codes_raw<KB, 1>(x0, magic);
+              af[2 + e] = codes_raw<KB, 1>(x1, magic);
             } else if (i % T::kPackK == 2) {
-              af[e] = codes_raw<KB, 2>(x0);
-              af[2 + e] = codes_raw<KB, 2>(x1);
+              af[e] = codes_raw<KB, 2>(x0, magic);
+              af[2 + e] = codes_raw<KB, 2>(x1, magic);
             } else {
-              af[e] = codes_raw<KB, 3>(x0);
-              af[2 + e] = codes_raw<KB, 3>(x1);
+              af[e] = codes_raw<KB, 3>(x0, magic);
+              af[2 + e] = codes_raw<KB, 3>(x1, magic);
             }
           }
           mma_16816(sc[m], af, kb[s]);
@@ -425,8 +448,8 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
       }
       // scores: token g * G / 8 + 2 m + e
       float sr[T::kTokThr];
-      detail::load_scales<T::kTokThr>(rec + a.s_row_k + g * T::kTokThr * (a.fp8_scales ? 1 : 2),
-                                      a.fp8_scales, sr);
+      detail::load_scales<T::kTokThr>(rec + a.s_row_k + (tb + g * T::kTokThr) * sb, a.fp8_scales,
+                                      sr);
       // sum_d q'' code = (acc - 1024 sum_d q'') 2^(-f KB), field f = token % kPackK
       float ka[T::kPackK], kz[T::kPackK][2];
 #pragma unroll
@@ -435,7 +458,7 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
         kz[f][0] = qz_h[0] - ka[f] * 1024.0f * qsum[0];
         kz[f][1] = qz_h[1] - ka[f] * 1024.0f * qsum[1];
       }
-      const int tok0 = g * T::kTokThr;
+      const int tok0 = tb + g * T::kTokThr;
 #pragma unroll
       for (int m = 0; m < T::kMT; ++m)
 #pragma unroll
@@ -449,9 +472,9 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
 
       // P'' = p * s_row_v / vmax; pz = sum_t p zp_v
       float sv[T::kTokThr], zv[T::kTokThr];
-      detail::load_scales<T::kTokThr>(rec + a.s_row_v + g * T::kTokThr * (a.fp8_scales ? 1 : 2),
-                                      a.fp8_scales, sv);
-      detail::load_scales<T::kTokThr>(rec + a.zp_v + g * T::kTokThr * 2, 0, zv);
+      detail::load_scales<T::kTokThr>(rec + a.s_row_v + (tb + g * T::kTokThr) * sb, a.fp8_scales,
+                                      sv);
+      detail::load_scales<T::kTokThr>(rec + a.zp_v + (tb + g * T::kTokThr) * 2, 0, zv);
       float vmax = 0.0f;
 #pragma unroll
       for (int t = 0; t < T::kTokThr; ++t) vmax = fmaxf(vmax, fabsf(sv[t]));
@@ -491,7 +514,7 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
       for (int i = 0; i < KS; ++i)
 #pragma unroll
         for (int r = 0; r < 4; ++r) co[i][r] = 0.0f;
-      const unsigned char* vc = rec + a.v_codes + g * T::kVThr;
+      const unsigned char* vc = rec + a.v_codes + tb * T::kVRow + g * T::kVThr;
 #pragma unroll
       for (int m = 0; m < T::kMT; ++m) {
         const int t0 = 2 * c * T::kTokThr + 2 * m, t1 = t0 + T::kTokThr;
@@ -510,17 +533,17 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
             const std::uint32_t x0 = __byte_perm(u0[j / 4], u1[j / 4], detail::pair_sel(j % 4));
             const std::uint32_t x1 = __byte_perm(u2[j / 4], u3[j / 4], detail::pair_sel(j % 4));
             if (i % T::kPackV == 0) {
-              af[e] = codes_raw<VB, 0>(x0);
-              af[2 + e] = codes_raw<VB, 0>(x1);
+              af[e] = codes_raw<VB, 0>(x0, magic);
+              af[2 + e] = codes_raw<VB, 0>(x1, magic);
             } else if (i % T::kPackV == 1) {
-              af[e] = codes_raw<VB, 1>(x0);
-              af[2 + e] = codes_raw<VB, 1>(x1);
+              af[e] = codes_raw<VB, 1>(x0, magic);
+              af[2 + e] = codes_raw<VB, 1>(x1, magic);
             } else if (i % T::kPackV == 2) {
-              af[e] = codes_raw<VB, 2>(x0);
-              af[2 + e] = codes_raw<VB, 2>(x1);
+              af[e] = codes_raw<VB, 2>(x0, magic);
+              af[2 + e] = codes_raw<VB, 2>(x1, magic);
             } else {
-              af[e] = codes_raw<VB, 3>(x0);
-              af[2 + e] = codes_raw<VB, 3>(x1);
+              af[e] = codes_raw<VB, 3>(x0, magic);
+              af[2 + e] = codes_raw<VB, 3>(x1, magic);
             }
           }
           mma_16816(co[mt], af, pb[m]);
@@ -543,13 +566,17 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
   auto process_rows = [&](const unsigned char* st, int n) {
     const unsigned char* ks = st;
     const unsigned char* vs = st + T::kRowTok * T::kRowStride;
-    float sc[T::kRowMT][4];
+    constexpr int kMTw = T::kRowMTw;
+    const int mw = warp * kMTw;  // this warp's first M-tile of the item
+    float sc[kMTw][4];
 #pragma unroll
-    for (int m = 0; m < T::kRowMT; ++m) {
+    for (int m = 0; m < kMTw; ++m) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) sc[m][r] = 0.0f;
-      const unsigned char* krow =
-          ks + (16 * m + (lane & 7) + ((lane >> 3) & 1) * 8) * T::kRowStride + (lane >> 4) * 16;
+      const unsigned char* krow = ks +
+                                  (16 * (mw + m) + (lane & 7) + ((lane >> 3) & 1) * 8) *
+                                      T::kRowStride +
+                                  (lane >> 4) * 16;
       if constexpr (F == KvFormat::kFp8) {
 #pragma unroll
         for (int s2 = 0; s2 < KS / 2; ++s2) {
@@ -573,20 +600,21 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
       }
 #pragma unroll
       for (int r = 0; r < 4; ++r)
-        if (16 * m + g + 8 * (r >> 1) >= n) sc[m][r] = -INFINITY;
+        if (16 * (mw + m) + g + 8 * (r >> 1) >= n) sc[m][r] = -INFINITY;
     }
     float alpha[2];
-    detail::online_softmax<T::kRowMT>(sc, m_run, l_run, alpha);
+    detail::online_softmax<kMTw>(sc, m_run, l_run, alpha);
 #pragma unroll
     for (int mt = 0; mt < KS; ++mt)
 #pragma unroll
       for (int r = 0; r < 4; ++r) o[mt][r] *= alpha[r & 1];
 #pragma unroll
-    for (int m = 0; m < T::kRowMT; ++m) {
+    for (int m = 0; m < kMTw; ++m) {
       std::uint32_t pb[2] = {movmatrix_trans(pack_half2(sc[m][0], sc[m][1])),
                              movmatrix_trans(pack_half2(sc[m][2], sc[m][3]))};
       // V rows 16 m + 2c + {0, 1, 8, 9}; lane g reads channels g D/8 .. g D/8 + D/8 - 1
-      const unsigned char* vrow = vs + (16 * m + 2 * c) * T::kRowStride + g * (D / 8) * T::kElem;
+      const unsigned char* vrow =
+          vs + (16 * (mw + m) + 2 * c) * T::kRowStride + g * (D / 8) * T::kElem;
       constexpr int kB = D / 8 * T::kElem;
       std::uint32_t u0[kB / 4], u1[kB / 4], u2[kB / 4], u3[kB / 4];
       lds_bytes<kB>(vrow, u0);
@@ -625,7 +653,13 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
   }
   for (int it = 0; it < issued; ++it) {
     cp_async_wait<T::kStages - 2>();
-    __syncwarp();
+    // Makes every thread's copies of stage `it` visible, and (kWarps > 1) guarantees that all
+    // warps are done with the stage the next issue overwrites (the one processed at it - 1).
+    if constexpr (T::kWarps > 1) {
+      __syncthreads();
+    } else {
+      __syncwarp();
+    }
     if (pj < j_end) issue(issued++ % T::kStages);
     cp_async_commit();
     const int stage = it % T::kStages;
@@ -636,7 +670,7 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
     } else {
       process_rows(st, d.w);
     }
-    __syncwarp();
+    if constexpr (T::kWarps == 1) __syncwarp();
   }
   cp_async_wait<0>();
 
@@ -653,7 +687,9 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
     const long long row = static_cast<long long>(b) * a.num_q_heads + h * a.qpk + head;
     const float l = l_run[k];
     const float inv = l > 0.0f ? vscale / l : 0.0f;
-    float* dst = a.o_part + (row * a.num_splits + split) * D + g * (D / 8);
+    // warp w of split s writes workspace split s * kWarps + w (the combine sees them all)
+    const long long ws = row * (a.num_splits * T::kWarps) + split * T::kWarps + warp;
+    float* dst = a.o_part + ws * D + g * (D / 8);
 #pragma unroll
     for (int i = 0; i < D / 8; i += 4) {
       float4 v;
@@ -663,7 +699,7 @@ __global__ void __launch_bounds__(32) paged_decode_kernel(DecodeArgs a) {
       v.w = o[i / 2 + 1][2 + k] * inv;
       *reinterpret_cast<float4*>(dst + i) = v;
     }
-    if (g == 0) a.lse[row * a.num_splits + split] = l > 0.0f ? m_run[k] + log2f(l) : -INFINITY;
+    if (g == 0) a.lse[ws] = l > 0.0f ? m_run[k] + log2f(l) : -INFINITY;
   }
   grid_dep_launch();
 }
