@@ -1,14 +1,35 @@
 #!/usr/bin/env python3
-"""PyTorch SDPA (flash backend, fp16, contiguous K/V, enable_gqa) decode anchor, same shapes as
-bench/gpu_decode_bench.cu. Writes JSON: list of {hq, hkv, batch, ctx, time_s, backend}."""
-import argparse, json, time
+"""PyTorch SDPA (flash backend, fp16, contiguous K/V, enable_gqa) decode anchor from Python, same
+shapes as bench/gpu_decode_bench.cu. bench/sdpa_bench.cpp (kvarn_sdpa_bench) measures the same
+through libtorch and is what scripts/gpu_run.sh uses; this script is the fallback and the
+cross-check (--shapes). Writes JSON: list of {hq, hkv, batch, ctx, time_s, kv_bytes, backend,
+source}. Timing: eager, CUDA events, median of 25 repetitions (7 above 20 GB), 256 MiB L2 flush
+below 200 MB."""
+import argparse, json, os, sys, time
 import torch
 import torch.nn.functional as F
 
+
+def parse_shapes(text):
+    """'HQ,HKV,B,CTX HQ,HKV,B,CTX ...' -> set of 4-tuples (bad input: one clear error)."""
+    out = set()
+    for item in text.split():
+        try:
+            hq, hkv, b, ctx = (int(x) for x in item.split(","))
+        except ValueError:
+            sys.exit(f"gpu_sdpa.py: --shapes: '{item}' is not HQ,HKV,B,CTX (four integers)")
+        out.add((hq, hkv, b, ctx))
+    return out
+
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
-ap.add_argument("--budget", type=float, default=60.0)
+ap.add_argument("--budget", type=float, default=60.0, help="no new shape after this many seconds")
+ap.add_argument("--max-kv-gib", type=float, default=100.0,
+                help="skip shapes whose K+V exceed this (default 100, as gpu_decode_bench)")
+ap.add_argument("--shapes", default="", help="only these shapes: 'HQ,HKV,B,CTX ...'")
 args = ap.parse_args()
+only = parse_shapes(args.shapes) if args.shapes else None
 t0 = time.time()
 res = []
 flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
@@ -16,7 +37,9 @@ for hq, hkv in [(32, 8), (64, 8)]:
     for batch in [1, 8, 32, 128]:
         for ctx in [1024, 2048, 4096, 16384, 32768, 65536, 131072]:
             kv_bytes = batch * hkv * ctx * 128 * 4
-            if kv_bytes > 40e9 or time.time() - t0 > args.budget:
+            if only is not None and (hq, hkv, batch, ctx) not in only:
+                continue
+            if kv_bytes > args.max_kv_gib * (1 << 30) or time.time() - t0 > args.budget:
                 continue
             q = torch.randn(batch, hq, 1, 128, device="cuda", dtype=torch.float16)
             k = torch.randn(batch, hkv, ctx, 128, device="cuda", dtype=torch.float16)
@@ -45,8 +68,12 @@ for hq, hkv in [(32, 8), (64, 8)]:
                 ts.append(a.elapsed_time(b) * 1e-3)
             ts.sort()
             res.append(dict(hq=hq, hkv=hkv, batch=batch, ctx=ctx, time_s=ts[len(ts) // 2],
-                            kv_bytes=kv_bytes, backend=backend))
+                            kv_bytes=kv_bytes, backend=backend,
+                            source=f"python torch {torch.__version__}"))
             del q, k, v
             torch.cuda.empty_cache()
-json.dump(res, open(args.out, "w"), indent=1)
-print(f"sdpa: {len(res)} shapes in {time.time() - t0:.0f} s")
+tmp = f"{args.out}.tmp.{os.getpid()}"
+with open(tmp, "w") as f:
+    json.dump(res, f, indent=1)
+os.replace(tmp, args.out)
+print(f"sdpa (python): {len(res)} shapes in {time.time() - t0:.0f} s")

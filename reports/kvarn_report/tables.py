@@ -209,3 +209,39 @@ def all_metrics_html(run: RunData) -> str:
                    + "".join(f"<td>{html.escape(_fmt_any(v))}</td>" for v in vals[mi]) + "</tr>")
     out.append("</tbody></table>")
     return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------ ITL slope / break-even (GPU)
+
+
+def itl_markdown(run: RunData) -> str:
+    """ITL slope and break-even context vs FP16 per (method, batch, Hq, Hkv) from throughput.json,
+    fitted by scripts/gpu_summary.py's itl_fits (one implementation); "" without GPU data."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "scripts", "gpu_summary.py")
+    points = []
+    for e in run.throughput:
+        try:
+            points.append(dict(method=str(e["method"]), batch=int(e["batch"]), hq=int(e["hq"]),
+                               hkv=int(e["hkv"]), context=int(e["context"]), time_us=float(e["time_us"])))
+        except (KeyError, TypeError, ValueError):
+            continue
+    if not points or not os.path.isfile(path):
+        return ""
+    spec = importlib.util.spec_from_file_location("kvarn_gpu_summary", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    num = lambda v, p: "–" if v is None else f"{v:.{p}f}"  # noqa: E731
+    be = lambda c, why: f"{c:,.0f}" if c is not None else (why or "–")  # noqa: E731
+    lines = ["| Method | Batch | Hq/Hkv | ITL slope (µs / 1k tok) | Intercept (µs) | R² | "
+             "Break-even ctx (fit) | Break-even ctx (measured) |",
+             "|:---|---:|---:|---:|---:|---:|---:|---:|"]
+    for f in mod.itl_fits(points):
+        lines.append(f"| {f['method']} | {f['batch']} | {f['hq']}/{f['hkv']} | "
+                     f"{num(f['itl_slope_us_per_1k_tokens'], 2)} | {num(f['intercept_us'], 1)} | "
+                     f"{num(f['r2'], 4)} | {be(f['break_even_context_fit'], f['break_even_reason_fit'])} | "
+                     f"{be(f['break_even_context_measured'], f['break_even_reason_measured'])} |")
+    return "\n".join(lines) + "\n"
