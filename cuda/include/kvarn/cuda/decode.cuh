@@ -15,9 +15,9 @@
 // Workspace: o_part [batch, Hq, S W, D] f32 (normalized by the split's l), lse [batch, Hq, S W]
 //   f32 (log2 domain, -inf for an empty split); W = DecodeTraits::kWarps (warps per CTA).
 //
-// Split kernel: grid (S, Hkv, batch), W warps per CTA: W = 1 (FP16, FP8, KVarN G 32; no block
-// barriers) or 2 (KVarN G >= 64: the two warps share the stages, one barrier per item, and split
-// each record's tokens in halves). A warp serves the query-head group of its KV head (padded to
+// Split kernel: grid (S, Hkv, batch), W warps per CTA: W = 1 (KVarN G 32; no block barriers) or
+// 2 (FP16, FP8, KVarN G >= 64: the two warps share the stages, one barrier per item, and split
+// each record's tokens and each row item's rows in halves). A warp serves the query-head group of its KV head (padded to
 // N = 8 heads: the mma N dimension) and logical blocks [s * ceil(nb / S), (s + 1) * ceil(nb / S))
 // of its sequence.
 // Work items stream through kStages shared-memory stages with cp.async (kStages - 1 ahead):
@@ -91,7 +91,7 @@ struct DecodeArgs {
 
 // Warps per CTA of the split kernel (see the header comment); host and device use this.
 __host__ __device__ constexpr int decode_warps(KvFormat f, int group) {
-  return f == KvFormat::kKvarn && group >= 64 ? 2 : 1;
+  return f != KvFormat::kKvarn || group >= 64 ? 2 : 1;
 }
 
 template <int D, int G, KvFormat F, int KB, int VB>
@@ -106,7 +106,10 @@ struct DecodeTraits {
   static constexpr int kRowBytes = D * kElem;
   static constexpr int kRowStride = kRowBytes + 16;  // conflict-free ldmatrix / LDS.128
   static constexpr int kRowItemBytes = 2 * kRowTok * kRowStride;
-  static constexpr int kStages = F == KvFormat::kKvarn ? 2 : F == KvFormat::kFp16 ? 3 : 4;
+  static constexpr int kStages = F == KvFormat::kFp16 ? 3 : 2;
+  // KVarN with 2 warps: 6 CTAs (12 warps) per SM fit the shared memory; cap the registers at 168
+  // so they also fit the register file (176 would leave 5).
+  static constexpr int kMinCtas = F == KvFormat::kKvarn && kWarps == 2 ? 6 : 1;
   // KVarN: kWarps warps per CTA share the stages; warp w takes record tokens
   // [w kTok, (w + 1) kTok) and row-item M-tiles [w kRowMTw, (w + 1) kRowMTw) with its own softmax
   // state (written as its own split): more warps per SM at the same shared memory in flight.
@@ -209,7 +212,8 @@ __device__ __forceinline__ int q_channel(int s, int c, int e) {
 }  // namespace detail
 
 template <int D, int G, KvFormat F, int KB, int VB>
-__global__ void __launch_bounds__(32 * DecodeTraits<D, G, F, KB, VB>::kWarps)
+__global__ void __launch_bounds__(32 * DecodeTraits<D, G, F, KB, VB>::kWarps,
+                                  DecodeTraits<D, G, F, KB, VB>::kMinCtas)
     paged_decode_kernel(DecodeArgs a) {
   using T = DecodeTraits<D, G, F, KB, VB>;
   constexpr int KS = T::kKSteps;
@@ -345,10 +349,14 @@ __global__ void __launch_bounds__(32 * DecodeTraits<D, G, F, KB, VB>::kWarps)
           ((static_cast<long long>(slot) * a.num_kv_heads + h) * G + row0) * T::kRowBytes;
       const unsigned char* kb = static_cast<const unsigned char*>(a.k_pool) + off;
       const unsigned char* vb = static_cast<const unsigned char*>(a.v_pool) + off;
-      constexpr int kCpr = T::kRowBytes / 16;
-#pragma unroll 4
-      for (int i = tid; i < 2 * T::kRowTok * kCpr; i += kThreads) {
-        const int kv = i / (T::kRowTok * kCpr), r = (i / kCpr) % T::kRowTok, q16 = i % kCpr;
+      // Thread t copies chunk t % kCpr of rows t / kCpr + k kRps (k = 0, 1, ...): K rows, then V
+      // rows; the row pattern is compile-time per k, so no per-chunk index arithmetic.
+      constexpr int kCpr = T::kRowBytes / 16, kRps = kThreads / kCpr;  // chunks/row, rows/sweep
+      static_assert(kThreads % kCpr == 0 && T::kRowTok % kRps == 0, "row copy pattern");
+      const int q16 = tid % kCpr, r0 = tid / kCpr;
+#pragma unroll
+      for (int k = 0; k < 2 * T::kRowTok / kRps; ++k) {
+        const int kv = k * kRps / T::kRowTok, r = r0 + (k * kRps) % T::kRowTok;
         const bool valid = r < n;
         const unsigned char* src = (kv ? vb : kb) + (valid ? r * T::kRowBytes + q16 * 16 : 0);
         cp_async16(dst + (kv * T::kRowTok + r) * T::kRowStride + q16 * 16, src, valid);
