@@ -15,6 +15,16 @@ namespace kvarn {
 
 namespace {
 
+// The method's cache in the host path (CPU quantization + device mirror), also on CUDA: the
+// reference is an exact_fp16 host cache, and the protocol needs the fp16 method to equal it bit
+// for bit (zero error) and every method's rows to be readable. The GPU paged cache
+// (KvPlacement::kAuto on CUDA) is the production path and is tested against this one instead.
+ModelKvCache host_cache(const Model& model, const std::string& spec) {
+  ModelKvCache c = model.make_cache(spec);
+  c.set_placement(KvPlacement::kHost);
+  return c;
+}
+
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // Runs `tokens` through `cache` in blocks of `block`; `on_block(start, result)` sees each block.
@@ -272,7 +282,7 @@ AccumulationResult run_accumulation(const Model& model, const AccumulationRefere
               "accumulation: reference lacks the decode steps");
 
   if (o.pseudo_decode || o.teacher_forced) {
-    ModelKvCache cache = model.make_cache(method_spec);
+    ModelKvCache cache = host_cache(model, method_spec);
     std::vector<float> logits;
     Matrix hidden;
     PseudoDecodeResult& p = res.pseudo;
@@ -323,7 +333,7 @@ AccumulationResult run_accumulation(const Model& model, const AccumulationRefere
   if (o.pseudo_decode) {
     // Static: the method's final cache of the fp16 run's K/V (quantized once, its own policy:
     // sinks, tails, windows as at the end of the context); block j reads its first start_j rows.
-    ModelKvCache fin = model.make_cache(method_spec);
+    ModelKvCache fin = host_cache(model, method_spec);
     for (int l = 0; l < L; ++l) {
       std::vector<MatrixMap> k, v;
       for (int h = 0; h < Hk; ++h) {
@@ -372,13 +382,13 @@ AccumulationResult run_accumulation(const Model& model, const AccumulationRefere
       return logits;
     };
     {
-      ModelKvCache c = model.make_cache(method_spec);
+      ModelKvCache c = host_cache(model, method_spec);
       res.greedy = free_run(model, c, after_context(c), ref.greedy_tokens, ref.greedy_logits, steps,
                             [](int, const std::vector<float>& lg) { return argmax(lg); });
       res.has_greedy = true;
     }
     if (o.temperature > 0) {
-      ModelKvCache c = model.make_cache(method_spec);
+      ModelKvCache c = host_cache(model, method_spec);
       std::mt19937_64 rng(o.seed);  // the reference's stream: coupled draws
       res.sampled = free_run(model, c, after_context(c), ref.sampled_tokens, ref.sampled_logits,
                              steps, [&](int, const std::vector<float>& lg) {

@@ -5,8 +5,17 @@
 #include "kvarn/core/portable_math.hpp"
 #include "kvarn/core/registry.hpp"
 #include "kvarn/data/error.hpp"
+#if KVARN_RUNNER_GPU_CACHE
+#include "kvarn/cuda/paged_cache.hpp"
+#endif
 
 namespace kvarn {
+
+struct ModelKvCache::Device {
+#if KVARN_RUNNER_GPU_CACHE
+  std::vector<std::unique_ptr<cuda::PagedCache>> layers;
+#endif
+};
 
 struct ModelKvCache::Head {
   std::unique_ptr<KvCache> method;  // null when exact
@@ -52,6 +61,80 @@ void ModelKvCache::init_method(const Method& method) {
   }
 }
 
+void ModelKvCache::set_placement(KvPlacement placement) {
+  KVARN_CHECK(size() == 0 && placement_note_.empty(), "KV cache '", spec_,
+              "': set_placement must come before the first append");
+  placement_ = placement;
+}
+
+std::string ModelKvCache::device_unsupported() const {
+  if (storage_ != KvStorage::kMethod) return "exact storage stays on the host";
+#if KVARN_RUNNER_GPU_CACHE
+  std::string why;
+  cuda::paged_cache_config_of(*make_method(spec_), geometry_.num_kv_heads, geometry_.head_dim,
+                              nullptr, &why);
+  return why;
+#else
+  return "the runner was built without kvarn_cuda";
+#endif
+}
+
+void ModelKvCache::bind_device(int device_index) {
+  KVARN_CHECK(size() == 0 && placement_note_.empty(), "KV cache '", spec_,
+              "': only an empty, undecided cache can move to the GPU");
+  KVARN_CHECK(placement_ != KvPlacement::kHost, "KV cache '", spec_, "' is pinned to the host");
+  const std::string why = device_unsupported();
+  KVARN_CHECK(why.empty(), "KV cache '", spec_, "': no GPU paged cache: ", why);
+#if KVARN_RUNNER_GPU_CACHE
+  auto dev = std::make_unique<Device>();
+  cuda::PagedCacheConfig cfg;
+  cuda::paged_cache_config_of(*make_method(spec_), geometry_.num_kv_heads, geometry_.head_dim, &cfg,
+                              nullptr);
+  int prev = 0;
+  KVARN_CUDA_CHECK(cudaGetDevice(&prev));
+  if (device_index < 0) device_index = prev;  // "cuda": the current device
+  KVARN_CUDA_CHECK(cudaSetDevice(device_index));
+  for (int l = 0; l < geometry_.num_layers; ++l)
+    dev->layers.push_back(std::make_unique<cuda::PagedCache>(cfg));
+  KVARN_CUDA_CHECK(cudaSetDevice(prev));
+  device_ = std::move(dev);
+  heads_.clear();  // the CPU caches are never used
+  placement_ = KvPlacement::kDevice;
+  placement_note_ = "KV cache '" + spec_ +
+                    "': GPU paged cache on cuda:" + std::to_string(device_index) +
+                    " (store kernel + fused paged decode)";
+#else
+  (void)device_index;
+#endif
+}
+
+void ModelKvCache::bind_host(const std::string& why) {
+  KVARN_CHECK(placement_ != KvPlacement::kDevice, "KV cache '", spec_,
+              "': placement kDevice but no GPU paged cache: ", why);
+  if (!placement_note_.empty()) return;
+  placement_ = KvPlacement::kHost;
+  placement_note_ = "KV cache '" + spec_ + "': host cache" + (why.empty() ? "" : " (" + why + ")");
+}
+
+void ModelKvCache::decide_host_on_first_append() {
+  if (placement_note_.empty()) bind_host("rows appended from the host");
+}
+
+void ModelKvCache::require_host(const char* what) const {
+  KVARN_CHECK(!on_device(), "KV cache '", spec_, "': ", what,
+              " reads host rows, but this cache lives on the GPU; call "
+              "set_placement(KvPlacement::kHost) before the first forward to keep it on the host");
+}
+
+cuda::PagedCache* ModelKvCache::device_layer(int layer) const {
+  KVARN_CHECK(layer >= 0 && layer < geometry_.num_layers, "KV cache: layer ", layer,
+              " out of range");
+#if KVARN_RUNNER_GPU_CACHE
+  if (on_device()) return device_->layers[layer].get();
+#endif
+  return nullptr;
+}
+
 ModelKvCache::~ModelKvCache() = default;
 ModelKvCache::ModelKvCache(ModelKvCache&&) noexcept = default;
 ModelKvCache& ModelKvCache::operator=(ModelKvCache&&) noexcept = default;
@@ -67,10 +150,22 @@ const ModelKvCache::Head& ModelKvCache::head(int layer, int h) const {
   return const_cast<ModelKvCache*>(this)->head(layer, h);
 }
 
-int ModelKvCache::size(int layer) const { return head(layer, 0).size; }
+int ModelKvCache::size(int layer) const {
+#if KVARN_RUNNER_GPU_CACHE
+  if (on_device()) return device_layer(layer)->size();
+#endif
+  return head(layer, 0).size;
+}
 
 void ModelKvCache::append(int layer, const float* k, const float* v, int n) {
   KVARN_CHECK(n >= 0, "KV cache: negative token count ", n);
+#if KVARN_RUNNER_GPU_CACHE
+  if (on_device()) {
+    device_layer(layer)->append_host(k, v, n);
+    return;
+  }
+#endif
+  decide_host_on_first_append();
   const std::size_t d = geometry_.head_dim;
   const std::size_t block = static_cast<std::size_t>(n) * d;
   for (int h = 0; h < geometry_.num_kv_heads; ++h) {
@@ -116,22 +211,32 @@ void ModelKvCache::append(int layer, const float* k, const float* v, int n) {
 }
 
 MatrixMap ModelKvCache::keys(int layer, int h) const {
+  require_host("keys()");
   const Head& hd = head(layer, h);
   if (hd.method) return hd.method->keys();
   return MatrixMap(hd.k.data(), hd.size, geometry_.head_dim);
 }
 
 MatrixMap ModelKvCache::values(int layer, int h) const {
+  require_host("values()");
   const Head& hd = head(layer, h);
   if (hd.method) return hd.method->values();
   return MatrixMap(hd.v.data(), hd.size, geometry_.head_dim);
 }
 
 const KvCache* ModelKvCache::method_cache(int layer, int h) const {
+  require_host("method_cache()");
   return head(layer, h).method.get();
 }
 
 bool ModelKvCache::quantized(int layer, int h, StreamKind kind, int token) const {
+#if KVARN_RUNNER_GPU_CACHE
+  if (on_device()) {
+    KVARN_CHECK(h >= 0 && h < geometry_.num_kv_heads, "KV cache: head ", h, " out of range");
+    (void)kind;  // both streams share the policy of every GPU format
+    return device_layer(layer)->quantized(token);
+  }
+#endif
   const Head& hd = head(layer, h);
   KVARN_CHECK(token >= 0 && token < hd.size, "KV cache: token ", token, " out of range (", hd.size,
               " tokens)");
@@ -140,6 +245,12 @@ bool ModelKvCache::quantized(int layer, int h, StreamKind kind, int token) const
 
 std::size_t ModelKvCache::stored_bytes() const {
   std::size_t bytes = 0;
+#if KVARN_RUNNER_GPU_CACHE
+  if (on_device()) {
+    for (const auto& l : device_->layers) bytes += l->stored_bytes();
+    return bytes;
+  }
+#endif
   const std::size_t elem = storage_ == KvStorage::kExactFp16 ? 2 : 4;
   for (const Head& hd : heads_) {
     bytes += hd.method ? hd.method->stored_bytes()
@@ -151,6 +262,7 @@ std::size_t ModelKvCache::stored_bytes() const {
 int ModelKvCache::final_rows(int layer) const {
   KVARN_CHECK(layer >= 0 && layer < geometry_.num_layers, "KV cache: layer ", layer,
               " out of range");
+  if (on_device()) return size(layer);  // no host rows to re-upload
   return final_rows_[layer];
 }
 

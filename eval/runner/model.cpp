@@ -8,13 +8,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <numbers>
+#include <numeric>
 #include <set>
 
 #include "kvarn/data/error.hpp"
 #include "kvarn/eval/safetensors.hpp"
+#if KVARN_RUNNER_GPU_CACHE
+#include "kvarn/cuda/paged_cache.hpp"
+#endif
 
 namespace kvarn {
 namespace {
@@ -70,6 +76,18 @@ std::vector<Matrix> per_head(const at::Tensor& t) {  // [H, n, D] -> H x [n, D]
   for (int64_t h = 0; h < t.size(0); ++h) out.push_back(to_matrix(t[h]));
   return out;
 }
+
+// One stderr line per distinct placement decision and process (caches are made by the dozen).
+void note_once(const std::string& line) {
+  static std::mutex mu;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  if (seen.insert(line).second) std::fprintf(stderr, "kvarn runner: %s\n", line.c_str());
+}
+
+#if KVARN_RUNNER_GPU_CACHE
+std::uint16_t* half_ptr(const at::Tensor& t) { return static_cast<std::uint16_t*>(t.data_ptr()); }
+#endif
 
 }  // namespace
 
@@ -145,6 +163,30 @@ struct Model::Impl {
     m.synced[layer] = cache.final_rows(layer);
   }
 
+  // Decides an undecided cache's placement at its first forward (kv_cache.hpp, KvPlacement).
+  void place(ModelKvCache& cache) const {
+    if (!cache.placement_note().empty()) return;
+    std::string why;
+    if (cache.placement() == KvPlacement::kHost) {
+      why = "placement kHost";
+    } else if (!device.is_cuda()) {
+      why = "model on " + device.str();
+    } else if (std::find(cfg.sliding_layers.begin(), cfg.sliding_layers.end(), true) !=
+               cfg.sliding_layers.end()) {
+      why = "sliding-window layers (the paged decode has no window)";
+    } else if (cfg.num_heads / cfg.num_kv_heads > 8) {
+      why = "more than 8 query heads per KV head";
+    } else {
+      why = cache.device_unsupported();
+    }
+    if (why.empty()) {
+      cache.bind_device(device.index());
+    } else {
+      cache.bind_host(why);
+    }
+    if (device.is_cuda()) note_once(cache.placement_note());
+  }
+
   Mirror& mirror(ModelKvCache& cache) const {
     auto& state = cache.runner_state();
     auto* m = static_cast<Mirror*>(state.get());
@@ -159,6 +201,31 @@ struct Model::Impl {
       m = fresh.get();
     }
     return *m;
+  }
+
+  // Attention of one layer over its GPU paged cache: kExact stages the chunk in fp16 (the
+  // queries see it unquantized), attends, then seals complete tiles; kCache seals first. The
+  // kernels run on the legacy default stream, torch's default stream.
+  at::Tensor gpu_attention(cuda::PagedCache& pc, const at::Tensor& q, const at::Tensor& k,
+                           const at::Tensor& v, const std::vector<int>& positions, bool cache_first,
+                           at::Tensor* finite) const {
+#if KVARN_RUNNER_GPU_CACHE
+    const int64_t n = q.size(1), hq = q.size(0), d = q.size(2);
+    auto k16 = k.to(at::kHalf).contiguous();  // [hk, n, d]
+    auto v16 = v.to(at::kHalf).contiguous();
+    auto ok = at::logical_and(at::isfinite(k16).all(), at::isfinite(v16).all());
+    *finite = finite->defined() ? at::logical_and(*finite, ok) : ok;
+    auto q16 = q.transpose(0, 1).to(at::kHalf).contiguous();  // [n, hq, d]
+    auto o16 = at::empty({n, hq, d}, q16.options());
+    pc.stage(half_ptr(k16), half_ptr(v16), static_cast<int>(n));
+    if (cache_first) pc.commit();
+    pc.attend(half_ptr(q16), static_cast<int>(hq), positions, half_ptr(o16));
+    if (!cache_first) pc.commit();
+    return o16.to(dtype).reshape({n, hq * d});
+#else
+    (void)pc, (void)q, (void)k, (void)v, (void)positions, (void)cache_first, (void)finite;
+    fail("forward: the runner was built without the GPU KV cache");
+#endif
   }
 
   ForwardResult forward(ModelKvCache& cache, std::span<const std::int32_t> tokens,
@@ -184,7 +251,12 @@ struct Model::Impl {
                   " at index ", i, " is outside the vocabulary (", cfg.vocab_size, ")");
     }
     c10::InferenceMode guard;
+    if (p0 == 0) place(cache);
+    const bool gpu_cache = cache.on_device();
     Mirror& m = mirror(cache);
+    std::vector<int> positions(gpu_cache ? n : 0);
+    std::iota(positions.begin(), positions.end(), p0);
+    at::Tensor finite;  // GPU cache: all K/V rows finite (checked once, after the layers)
     const int64_t hq = cfg.num_heads, hk = cfg.num_kv_heads, d = cfg.head_dim;
     const int64_t rep = hq / hk;
     auto ids = at::from_blob(const_cast<std::int32_t*>(tokens.data()), {n}, at::kInt)
@@ -231,41 +303,48 @@ struct Model::Impl {
         opt.capture(cap);
       }
 
-      // The cache stores fp32 rows on the host; quantize-on-write happens in append().
-      auto k_host = k.to(at::kCPU, at::kFloat).contiguous();
-      auto v_host = v.to(at::kCPU, at::kFloat).contiguous();
-      at::Tensor keys, values;
-      if (opt.chunk_attention == ChunkAttention::kCache) {
-        cache.append(l, k_host.data_ptr<float>(), v_host.data_ptr<float>(), n);
-        sync(cache, m, l);
-        keys = m.k[l].narrow(1, 0, p0 + n);
-        values = m.v[l].narrow(1, 0, p0 + n);
+      at::Tensor o;  // attention output [n, hq * d]
+      if (gpu_cache) {
+        o = gpu_attention(*cache.device_layer(l), q, k, v, positions,
+                          opt.chunk_attention == ChunkAttention::kCache, &finite);
       } else {
-        if (p0 > 0) {
+        // The cache stores fp32 rows on the host; quantize-on-write happens in append().
+        auto k_host = k.to(at::kCPU, at::kFloat).contiguous();
+        auto v_host = v.to(at::kCPU, at::kFloat).contiguous();
+        at::Tensor keys, values;
+        if (opt.chunk_attention == ChunkAttention::kCache) {
+          cache.append(l, k_host.data_ptr<float>(), v_host.data_ptr<float>(), n);
           sync(cache, m, l);
-          keys = at::cat({m.k[l].narrow(1, 0, p0), k}, 1);
-          values = at::cat({m.v[l].narrow(1, 0, p0), v}, 1);
+          keys = m.k[l].narrow(1, 0, p0 + n);
+          values = m.v[l].narrow(1, 0, p0 + n);
         } else {
-          keys = k;
-          values = v;
+          if (p0 > 0) {
+            sync(cache, m, l);
+            keys = at::cat({m.k[l].narrow(1, 0, p0), k}, 1);
+            values = at::cat({m.v[l].narrow(1, 0, p0), v}, 1);
+          } else {
+            keys = k;
+            values = v;
+          }
+          cache.append(l, k_host.data_ptr<float>(), v_host.data_ptr<float>(), n);
         }
-        cache.append(l, k_host.data_ptr<float>(), v_host.data_ptr<float>(), n);
+        const int64_t t = p0 + n;
+        // GQA without copying K/V: query heads of one KV head become extra rows.
+        auto qg = q.reshape({hk, rep * n, d});
+        auto scores = at::matmul(qg, keys.transpose(1, 2)) * scale;  // [hk, rep*n, t]
+        scores = scores.view({hk, rep, n, t});
+        // Causal (and sliding-window) mask: query i (position p0+i) sees key j iff
+        // j <= p0+i and p0+i - j < window.
+        auto qi = at::arange(p0, p0 + n, at::TensorOptions().dtype(at::kLong).device(device))
+                      .unsqueeze(1);
+        auto kj =
+            at::arange(0, t, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0);
+        auto masked = kj > qi;
+        if (w.sliding) masked = masked | (qi - kj >= cfg.sliding_window);
+        scores = scores.masked_fill(masked, -std::numeric_limits<float>::infinity());
+        auto probs = at::softmax(scores, -1, at::kFloat).to(dtype).view({hk, rep * n, t});
+        o = at::matmul(probs, values).view({hq, n, d}).transpose(0, 1).reshape({n, hq * d});
       }
-      const int64_t t = p0 + n;
-      // GQA without copying K/V: query heads of one KV head become extra rows.
-      auto qg = q.reshape({hk, rep * n, d});
-      auto scores = at::matmul(qg, keys.transpose(1, 2)) * scale;  // [hk, rep*n, t]
-      scores = scores.view({hk, rep, n, t});
-      // Causal (and sliding-window) mask: query i (position p0+i) sees key j iff
-      // j <= p0+i and p0+i - j < window.
-      auto qi =
-          at::arange(p0, p0 + n, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(1);
-      auto kj = at::arange(0, t, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0);
-      auto masked = kj > qi;
-      if (w.sliding) masked = masked | (qi - kj >= cfg.sliding_window);
-      scores = scores.masked_fill(masked, -std::numeric_limits<float>::infinity());
-      auto probs = at::softmax(scores, -1, at::kFloat).to(dtype).view({hk, rep * n, t});
-      auto o = at::matmul(probs, values).view({hq, n, d}).transpose(0, 1).reshape({n, hq * d});
       auto attn = linear(o, w.wo, w.bo);
       if (opt.attention_outputs) res.attention_outputs.push_back(to_matrix(attn));
       x = x + attn;
@@ -274,6 +353,10 @@ struct Model::Impl {
                         w.w_down, w.b_down);
       x = x + mlp;
       if (opt.hidden_states) res.hidden_states.push_back(to_matrix(x));
+    }
+    if (finite.defined()) {
+      KVARN_CHECK(finite.item<bool>(), "forward (", dir.string(), "): non-finite K/V at positions ",
+                  p0, "..", p0 + n - 1, " (GPU KV cache '", cache.spec(), "')");
     }
     if (opt.logits != LogitsMode::kNone) {
       auto rows = opt.logits == LogitsMode::kAll ? x : x.narrow(0, n - 1, 1);

@@ -342,17 +342,20 @@ TEST(ModelCuda, MatchesCpuWhenAvailable) {
     tokens[i] = static_cast<std::int32_t>(i * 31 % 512);
   for (const std::string spec : {"exact", "fp16", "kvarn_k4v2_g64", "kivi_2bit"}) {
     auto cg = gpu->make_cache(spec), cc = cpu->make_cache(spec);
+    cg.set_placement(KvPlacement::kHost);  // the same host cache (GPU cache: test_gpu_cache.cpp)
     ForwardOptions all;
     all.logits = LogitsMode::kAll;
     Matrix a(0, 512), b(0, 512);
-    for (std::size_t i = 0; i < tokens.size(); i += 16) {  // pseudo-decode, blocks of 16
-      auto chunk = std::span(tokens).subspan(i, 16);
+    for (std::size_t i = 0; i < tokens.size(); i += 16) {  // pseudo-decode, blocks of <= 16
+      const std::size_t n = std::min<std::size_t>(16, tokens.size() - i);
+      auto chunk = std::span(tokens).subspan(i, n);
       auto ra = gpu->forward(cg, chunk, all).logits;
       auto rb = cpu->forward(cc, chunk, all).logits;
-      a.conservativeResize(a.rows() + 16, Eigen::NoChange);
-      a.bottomRows(16) = ra;
-      b.conservativeResize(b.rows() + 16, Eigen::NoChange);
-      b.bottomRows(16) = rb;
+      const auto rows = static_cast<Eigen::Index>(n);
+      a.conservativeResize(a.rows() + rows, Eigen::NoChange);
+      a.bottomRows(rows) = ra;
+      b.conservativeResize(b.rows() + rows, Eigen::NoChange);
+      b.bottomRows(rows) = rb;
     }
     // Quantizers can flip a rounding decision on a 1-ulp difference of the input: looser bound.
     const double e = rel(a, b);

@@ -5,7 +5,12 @@
 // windows, TurboQuant fp16 boundary layers. Attention always reads keys()/values(): the exact
 // rows or the method's reconstruction. The runner appends post-RoPE keys.
 //
-// This header is torch-free; the runner keeps a device copy of the rows (see final_rows()).
+// Placement: on a CUDA model the runner keeps supported methods (KVarN configs the GPU kernels
+// take, fp16, fixed-scale fp8 e4m3) in GPU paged caches (kvarn/cuda/paged_cache.hpp, one per
+// layer) written by the store kernel and read by the fused paged decode; everything else lives on
+// the host as above, with a device copy of the rows (see final_rows()). docs/runner.md.
+//
+// This header is torch-free.
 #ifndef KVARN_EVAL_KV_CACHE_HPP_
 #define KVARN_EVAL_KV_CACHE_HPP_
 
@@ -23,6 +28,15 @@ struct KvGeometry {
   int num_kv_heads = 0;
   int head_dim = 0;
 };
+
+namespace cuda {
+class PagedCache;
+}
+
+// Where a method cache's rows live. kAuto: decided at the first forward into the empty cache
+// (GPU paged cache when the model is on CUDA and the GPU supports the method, else the host);
+// kHost: always the CPU reference cache; kDevice: the GPU paged cache or an error.
+enum class KvPlacement { kAuto, kHost, kDevice };
 
 enum class KvStorage {
   kExactFp32,  // rows stored as computed
@@ -52,8 +66,10 @@ class ModelKvCache {
   int size(int layer) const;
 
   // Appends n tokens of one layer: k and v are [num_kv_heads, n, head_dim] (C order), finite.
+  // On a GPU-resident cache the rows are rounded to fp16 and uploaded.
   void append(int layer, const float* k, const float* v, int n);
-  // [size, head_dim] rows attention reads (exact, or the method's reconstruction).
+  // [size, head_dim] rows attention reads (exact, or the method's reconstruction). Host caches
+  // only (as method_cache, quantized): a GPU-resident cache throws, naming set_placement.
   MatrixMap keys(int layer, int head) const;
   MatrixMap values(int layer, int head) const;
   // The method's cache of one (layer, head), for chunk/byte inspection; nullptr when exact.
@@ -66,6 +82,22 @@ class ModelKvCache {
   // sinks, flushed chunks); later rows are pending and may be rewritten when their chunk is
   // quantized. The runner re-uploads only rows from here on.
   int final_rows(int layer) const;
+
+  // Placement (set before the first append). Once decided, placement() is kHost or kDevice.
+  void set_placement(KvPlacement placement);
+  KvPlacement placement() const { return placement_; }
+  bool on_device() const { return placement_ == KvPlacement::kDevice && device_ != nullptr; }
+  // Why this cache cannot live on the GPU ("" when it can): exact storage, the method's family
+  // or a configuration the kernels lack, or a runner built without kvarn_cuda.
+  std::string device_unsupported() const;
+  // What was decided and why (one line, for logs); empty while undecided.
+  const std::string& placement_note() const { return placement_note_; }
+  // Runner hooks: move an empty undecided cache to the GPU (CUDA device index; throws with the
+  // reason when unsupported) or pin it to the host, noting why.
+  void bind_device(int device_index);
+  void bind_host(const std::string& why);
+  // The GPU cache of a layer (nullptr unless on_device()).
+  cuda::PagedCache* device_layer(int layer) const;
 
   // Opaque per-cache state of the runner (the device copy); not for other users.
   std::shared_ptr<void>& runner_state() { return runner_state_; }
@@ -81,8 +113,15 @@ class ModelKvCache {
   KvStorage storage_ = KvStorage::kExactFp32;
   std::string spec_;
   std::vector<Head> heads_;  // [layer * num_kv_heads + head]
+  void decide_host_on_first_append();
+  void require_host(const char* what) const;
+
   std::vector<int> final_rows_;
   std::shared_ptr<void> runner_state_;
+  KvPlacement placement_ = KvPlacement::kAuto;
+  std::string placement_note_;
+  struct Device;  // per-layer GPU caches (kv_cache.cpp)
+  std::unique_ptr<Device> device_;
 };
 
 }  // namespace kvarn
