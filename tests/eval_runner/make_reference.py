@@ -7,8 +7,13 @@ Writes into OUT (created):
   reference.json          per model: token sequence, prompt, 128 greedy tokens
   tokenizers/<name>/tokenizer.json + cases.json   trained tokenizers and encode/decode cases
   smollm2.json + smollm2_logits.safetensors       when --smollm2 DIR exists (skipped otherwise)
+  fixture.json + fixture_logits.safetensors       when --fixture DIR exists (skipped otherwise)
+Real models: fp32 logits of prompt + greedy continuation, GREEDY_STEPS greedy tokens and the top-2
+logit margin of every greedy step (the C++ test requires each > 1e-3, so a genuine near-tie is
+reported as such instead of as a runner bug).
 Run by the C++ tests at test time (cached by the script's hash); also usable by hand:
   python3 tests/eval_runner/make_reference.py /tmp/ref [--smollm2 data/cache/smollm2-135m-instruct]
+      [--fixture data/models/fixture-qwen3-h128]
 """
 import argparse
 import inspect
@@ -163,7 +168,7 @@ def write_cases(tok, d, specials, seed, n):
         json.dump(cases, f, ensure_ascii=True)
 
 
-def make_tokenizers(out, smollm2, n):
+def make_tokenizers(out, smollm2, fixture, n):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     text = training_text()
@@ -208,32 +213,47 @@ def make_tokenizers(out, smollm2, n):
         t.save(os.path.join(d, "tokenizer.json"))
         write_cases(t, d, specials + (["<mask>", "hello world"] if i == 2 else []), 10 + i, n)
         res[name] = True
-    if smollm2 and os.path.exists(os.path.join(smollm2, "tokenizer.json")):
-        d = os.path.join(out, "tokenizers", "smollm2")
-        os.makedirs(d, exist_ok=True)
-        t = Tokenizer.from_file(os.path.join(smollm2, "tokenizer.json"))
-        write_cases(t, d, ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>"], 20, n)
-        res["smollm2"] = True
+    for name, src, extra, seed in [("smollm2", smollm2, ["<repo_name>"], 20),
+                                   ("fixture", fixture, [], 30)]:
+        if src and os.path.exists(os.path.join(src, "tokenizer.json")):
+            d = os.path.join(out, "tokenizers", name)
+            os.makedirs(d, exist_ok=True)
+            t = Tokenizer.from_file(os.path.join(src, "tokenizer.json"))
+            write_cases(t, d, specials + extra, seed, n)
+            res[name] = True
     return res
 
 
-def make_smollm2(out, smollm2):
-    if not smollm2 or not os.path.exists(os.path.join(smollm2, "model.safetensors")):
+# Prompts of the real models, chosen so that no greedy step is a near-tie (top-2 margins >= 6e-3
+# with transformers 5.23 / torch 2.15; see docs/runner.md).
+SMOLLM2_PROMPT = ("<|im_start|>user\nWhat is the capital of France? Answer briefly.<|im_end|>\n"
+                  "<|im_start|>assistant\n")
+FIXTURE_PROMPT = "The meaning of the word is"
+
+
+def make_real_model(out, name, model_dir, prompt):
+    """fp32 reference of a real checkpoint: greedy (KV-cached), then logits of prompt + greedy."""
+    if not model_dir or not os.path.exists(os.path.join(model_dir, "model.safetensors")):
         return False
     from transformers import AutoModelForCausalLM
     from tokenizers import Tokenizer
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
-    tok = Tokenizer.from_file(os.path.join(smollm2, "tokenizer.json"))
-    prompt = "<|im_start|>user\nWhat is the capital of France? Answer briefly.<|im_end|>\n<|im_start|>assistant\n"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
     ids = tok.encode(prompt).ids
     with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0].float().contiguous()
-        gen = model.generate(torch.tensor([ids]), max_new_tokens=32, min_new_tokens=32,
-                             do_sample=False, eos_token_id=None, pad_token_id=0)
-    save_file({"logits": logits}, os.path.join(out, "smollm2_logits.safetensors"))
-    with open(os.path.join(out, "smollm2.json"), "w") as f:
-        json.dump({"prompt": prompt, "tokens": ids, "greedy": gen[0, len(ids):].tolist()}, f)
+        gen = model.generate(torch.tensor([ids]), max_new_tokens=GREEDY_STEPS,
+                             min_new_tokens=GREEDY_STEPS, do_sample=False, eos_token_id=None,
+                             pad_token_id=0, use_cache=True, output_logits=True,
+                             return_dict_in_generate=True)
+        greedy = gen.sequences[0, len(ids):].tolist()
+        top2 = [torch.topk(step[0].float(), 2).values for step in gen.logits]
+        margins = [float(v[0] - v[1]) for v in top2]
+        # One prefill over prompt + continuation: the logits of every position.
+        logits = model(torch.tensor([ids + greedy])).logits[0].float().contiguous()
+    save_file({"logits": logits}, os.path.join(out, name + "_logits.safetensors"))
+    with open(os.path.join(out, name + ".json"), "w") as f:
+        json.dump({"prompt": prompt, "tokens": ids, "greedy": greedy, "margins": margins}, f)
     return True
 
 
@@ -241,17 +261,22 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--smollm2", default="")
+    ap.add_argument("--fixture", default="")
     ap.add_argument("--cases", type=int, default=3000)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    # One thread: the work is mostly KV-cached decode steps of small matrices, which do not gain
+    # from more; on 2 shared cores 2 threads took 3-4x the CPU time (spinning) and more wall time.
+    torch.set_num_threads(1)
     refs = make_models(a.out)
-    toks = make_tokenizers(a.out, a.smollm2, a.cases)
-    smol = make_smollm2(a.out, a.smollm2)
+    toks = make_tokenizers(a.out, a.smollm2, a.fixture, a.cases)
+    smol = make_real_model(a.out, "smollm2", a.smollm2, SMOLLM2_PROMPT)
+    fixture = make_real_model(a.out, "fixture", a.fixture, FIXTURE_PROMPT)
     import tokenizers, transformers
     with open(os.path.join(a.out, "reference.json"), "w") as f:
-        json.dump({"models": refs, "tokenizers": toks, "smollm2": smol,
-                   "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+        json.dump({"models": refs, "tokenizers": toks, "smollm2": smol, "fixture": fixture,
+                   "versions": {"torch": torch.__version__,
+                                "transformers": transformers.__version__,
                                 "tokenizers": tokenizers.__version__}}, f)
     print("make_reference: wrote", a.out, file=sys.stderr)
 

@@ -29,6 +29,23 @@ inline std::filesystem::path smollm2_dir() {
   return std::filesystem::path(KVARN_SOURCE_DIR) / "data/cache/smollm2-135m-instruct";
 }
 
+inline std::filesystem::path fixture_dir() {
+  return std::filesystem::path(KVARN_SOURCE_DIR) / "data/models/fixture-qwen3-h128";
+}
+
+// Part of the reference cache key: which of the model's files exist, and the weights' size and
+// time, so that new weights regenerate the reference.
+inline std::string model_stamp(const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::string stamp = std::filesystem::exists(dir / "tokenizer.json") ? "tokenizer;" : "";
+  const auto w = dir / "model.safetensors";
+  if (const auto size = std::filesystem::file_size(w, ec); !ec) {
+    stamp += std::to_string(size) + "@" +
+             std::to_string(std::filesystem::last_write_time(w, ec).time_since_epoch().count());
+  }
+  return stamp;
+}
+
 // The reference folder, or "" with *why set when python/transformers are unavailable.
 inline std::filesystem::path reference_dir(std::string* why) {
   static std::filesystem::path dir;
@@ -46,7 +63,9 @@ inline std::filesystem::path reference_dir(std::string* why) {
     const auto script =
         std::filesystem::path(KVARN_SOURCE_DIR) / "tests/eval_runner/make_reference.py";
     const bool smol = std::filesystem::exists(smollm2_dir() / "tokenizer.json");
-    const std::string key = read_text(script) + (smol ? "smollm2" : "");
+    const bool fixture = std::filesystem::exists(fixture_dir() / "tokenizer.json");
+    const std::string key = read_text(script) + "smollm2:" + model_stamp(smollm2_dir()) +
+                            "fixture:" + model_stamp(fixture_dir());
     const auto out = std::filesystem::temp_directory_path() /
                      ("kvarn_runner_ref_" + std::to_string(std::hash<std::string>{}(key)));
     std::filesystem::create_directories(out);
@@ -61,6 +80,7 @@ inline std::filesystem::path reference_dir(std::string* why) {
       } else {
         std::string cmd = "python3 '" + script.string() + "' '" + out.string() + "'";
         if (smol) cmd += " --smollm2 '" + smollm2_dir().string() + "'";
+        if (fixture) cmd += " --fixture '" + fixture_dir().string() + "'";
         cmd += " > '" + (out / "make_reference.log").string() + "' 2>&1";
         if (std::system(cmd.c_str()) != 0) {
           reason = "make_reference.py failed; see " + (out / "make_reference.log").string();

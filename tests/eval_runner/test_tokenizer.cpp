@@ -1,5 +1,6 @@
 // The tokenizer against the `tokenizers` package: trained tokenizers (GPT-2, Llama-3 and
-// SmolLM2-style pre-tokenizers) and SmolLM2's own tokenizer over a few thousand varied strings.
+// SmolLM2-style pre-tokenizers), SmolLM2's and the fixture model's own tokenizers over a few
+// thousand varied strings.
 #include <gtest/gtest.h>
 
 #include "kvarn/data/error.hpp"
@@ -66,6 +67,12 @@ TEST(Tokenizer, SmolLM2) {
   }
   KVARN_REFERENCE_DIR(ref);
   check_cases(ref / "tokenizers/smollm2", "smollm2", test::smollm2_dir() / "tokenizer.json");
+}
+
+TEST(Tokenizer, FixtureModel) {
+  ASSERT_TRUE(fs::exists(test::fixture_dir() / "tokenizer.json")) << test::fixture_dir();
+  KVARN_REFERENCE_DIR(ref);
+  check_cases(ref / "tokenizers/fixture", "fixture", test::fixture_dir() / "tokenizer.json");
 }
 
 TEST(Tokenizer, Errors) {
