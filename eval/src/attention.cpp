@@ -2,37 +2,36 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 
+#include "kvarn/core/attention_row.hpp"
 #include "kvarn/data/error.hpp"
 #include "kvarn/eval/metrics.hpp"
+#if defined(KVARN_EVAL_HAVE_CUDA)
+#include "kvarn/cuda/api.hpp"
+#include "kvarn/cuda/attention_metrics.hpp"
+#endif
 
 namespace kvarn {
 namespace {
 
-// ln 2 as log1p(1), so that ln2() - softplus(0) is exactly 0.
-double ln2() {
-  static const double v = std::log1p(1.0);
-  return v;
-}
-
-double softplus(double x) { return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x)); }
+namespace ar = attention_row;
 
 double log_sum_exp(const double* s, int n) {
   double mx = s[0];
-  for (int j = 1; j < n; ++j) mx = std::max(mx, s[j]);
+  for (int j = 1; j < n; ++j) mx = ar::max_of(mx, s[j]);
   double sum = 0;
   for (int j = 0; j < n; ++j) sum += std::exp(s[j] - mx);
-  return mx + std::log(sum);
+  return ar::lse_finish(mx, sum);
 }
 
 struct RowStats {
   double mae = 0, rmse = 0, kl = 0, js = 0;
 };
 
-// Softmax of both rows into p, ph (length n) and the logit / distribution metrics of the row.
-// KL and JS use log-probabilities (s - lse), so no log(0) ever occurs; rounding can leave them
-// a hair below 0 (KL) or above ln 2 (JS), which is clamped.
+// Softmax of both rows into p, ph (length n) and the logit / distribution metrics of the row, the
+// per-key terms summed in key order (formulas: kvarn/core/attention_row.hpp).
 RowStats row_stats(const double* s, const double* sh, int n, double* p, double* ph, bool want_js) {
   RowStats r;
   const double lse = log_sum_exp(s, n), lseh = log_sum_exp(sh, n);
@@ -41,45 +40,36 @@ RowStats row_stats(const double* s, const double* sh, int n, double* p, double* 
     const double ls = s[j] - lse, lsh = sh[j] - lseh;
     p[j] = std::exp(ls);
     ph[j] = std::exp(lsh);
-    kl += p[j] * (ls - lsh);
+    kl += ar::kl_term(p[j], ls, lsh);
     const double d = sh[j] - s[j];
     abs_sum += std::fabs(d);
     sq_sum += d * d;
   }
-  r.kl = std::max(0.0, kl);
-  r.mae = abs_sum / n;
-  r.rmse = std::sqrt(sq_sum / n);
+  r.kl = ar::finish_kl(kl);
+  r.mae = ar::finish_mae(abs_sum, n);
+  r.rmse = ar::finish_rmse(sq_sum, n);
   if (want_js) {
-    // With d = lsh - ls: log(p / m) = ln2 - softplus(d), log(p̂ / m) = ln2 - softplus(-d), m the
-    // mixture. Exact 0 for identical rows (no exp/log round trip), no log(0) when p underflows.
+    const double l2 = ar::ln2();
     double js = 0;
-    for (int j = 0; j < n; ++j) {
-      const double dlt = (sh[j] - lseh) - (s[j] - lse);
-      js += p[j] * (ln2() - softplus(dlt)) + ph[j] * (ln2() - softplus(-dlt));
-    }
-    r.js = std::clamp(0.5 * js, 0.0, ln2());
+    for (int j = 0; j < n; ++j) js += ar::js_term(p[j], ph[j], s[j] - lse, sh[j] - lseh, l2);
+    r.js = ar::finish_js(js, l2);
   }
   return r;
 }
 
-// First m indices of s ordered by (value desc, index asc), into idx[0..m).
+// First m indices of s in the top-k ranking order, into idx[0..m).
 void top_indices(const double* s, int n, int m, std::vector<int>& idx) {
   idx.resize(n);
   std::iota(idx.begin(), idx.end(), 0);
-  auto larger = [s](int a, int b) { return s[a] != s[b] ? s[a] > s[b] : a < b; };
+  auto larger = [s](int a, int b) { return ar::ranks_before(s[a], a, s[b], b); };
   if (m < n) std::nth_element(idx.begin(), idx.begin() + (m - 1), idx.end(), larger);
   std::sort(idx.begin(), idx.begin() + std::min(m, n), larger);
 }
 
-double overlap_of_prefix(const std::vector<int>& a, const std::vector<int>& b, int k) {
-  int common = 0;
-  for (int i = 0; i < k; ++i)
-    for (int j = 0; j < k; ++j)
-      if (a[i] == b[j]) {
-        ++common;
-        break;
-      }
-  return static_cast<double>(common) / k;
+// Rankings a, b of a row of n keys (each at least min(k, n) long).
+double overlap_of_prefix(const std::vector<int>& a, const std::vector<int>& b, int k, int n) {
+  const int common = n > k ? ar::overlap_count(a.data(), b.data(), k) : 0;
+  return ar::topk_overlap_value(common, k, n);
 }
 
 MatrixD to_double(const Matrix& m) { return m.cast<double>(); }
@@ -124,7 +114,7 @@ void run_head(const MatrixD& q, const MatrixD& k, const MatrixD& v, const Matrix
         top_indices(sh.row(r).data(), ni, max_k, ib);
         for (int t = 0; t < nk; ++t) {
           const int kk = opts.topk[t];
-          pm->topk_overlap[t][i] = ni <= kk ? 1.0 : overlap_of_prefix(ia, ib, kk);
+          pm->topk_overlap[t][i] = overlap_of_prefix(ia, ib, kk, ni);
         }
       }
     }
@@ -133,7 +123,7 @@ void run_head(const MatrixD& q, const MatrixD& k, const MatrixD& v, const Matrix
     oh.noalias() = ph * vh.topRows(n);
     for (int r = 0; r < b; ++r) {
       pm->output_nmse[i0 + r] =
-          safe_nmse((oh.row(r) - o.row(r)).squaredNorm(), o.row(r).squaredNorm());
+          ar::output_nmse((oh.row(r) - o.row(r)).squaredNorm(), o.row(r).squaredNorm());
     }
   }
 }
@@ -189,7 +179,85 @@ std::vector<int> default_edges(int tokens) {
   return e;
 }
 
+// Per-position metrics of every query head [Hq] against K̂ = k_hat (full = false: KL only).
+using RowRunner = std::function<void(const std::vector<Matrix>& k_hat, bool full,
+                                     std::vector<PositionMetrics>* out)>;
+
+// The GPU runner (kvarn_cuda's attention_rows); the arguments must outlive it.
+RowRunner cuda_rows(const std::vector<Matrix>& q, const std::vector<Matrix>& k,
+                    const std::vector<Matrix>& v, const std::vector<Matrix>& v_hat, int q_first,
+                    const AttentionOptions& opts) {
+#if defined(KVARN_EVAL_HAVE_CUDA)
+  KVARN_CHECK(cuda::device_count() > 0,
+              "attention_metrics: device cuda requested, but no CUDA device is visible");
+  return [&, q_first](const std::vector<Matrix>& kh, bool full, std::vector<PositionMetrics>* out) {
+    const int hq = static_cast<int>(q.size()), tq = static_cast<int>(q[0].rows());
+    cuda::AttentionRowsProblem p;
+    p.q_heads = hq;
+    p.kv_heads = static_cast<int>(k.size());
+    p.tokens = static_cast<int>(k[0].rows());
+    p.queries = tq;
+    p.head_dim = static_cast<int>(k[0].cols());
+    p.q_first = q_first;
+    p.topk = opts.topk;
+    p.kl_only = !full;
+    cuda::AttentionRowsInput in;
+    for (const Matrix& m : q) in.q.push_back(m.data());
+    for (std::size_t g = 0; g < k.size(); ++g) {
+      in.k.push_back(k[g].data());
+      in.k_hat.push_back(kh[g].data());
+      in.v.push_back(v[g].data());
+      in.v_hat.push_back(v_hat[g].data());
+    }
+    const cuda::AttentionRows r = cuda::attention_rows(p, in);
+    auto slice = [tq](const std::vector<double>& all, int h) {
+      return all.empty()
+                 ? std::vector<double>()
+                 : std::vector<double>(all.begin() + static_cast<std::ptrdiff_t>(h) * tq,
+                                       all.begin() + static_cast<std::ptrdiff_t>(h + 1) * tq);
+    };
+    out->assign(hq, {});
+    for (int h = 0; h < hq; ++h) {
+      PositionMetrics& pm = (*out)[h];
+      pm.kl = slice(r.kl, h);
+      if (!full) continue;
+      pm.logit_mae = slice(r.logit_mae, h);
+      pm.logit_rmse = slice(r.logit_rmse, h);
+      pm.js = slice(r.js, h);
+      pm.output_nmse = slice(r.output_nmse, h);
+      for (const auto& tk : r.topk_overlap) pm.topk_overlap.push_back(slice(tk, h));
+    }
+  };
+#else
+  static_cast<void>(q);
+  static_cast<void>(k);
+  static_cast<void>(v);
+  static_cast<void>(v_hat);
+  static_cast<void>(q_first);
+  static_cast<void>(opts);
+  fail(
+      "attention_metrics: device cuda requested, but kvarn_eval was built without kvarn_cuda "
+      "(configure with -DKVARN_ENABLE_CUDA=ON where nvcc is installed)");
+#endif
+}
+
 }  // namespace
+
+bool attention_cuda_built() {
+#if defined(KVARN_EVAL_HAVE_CUDA)
+  return true;
+#else
+  return false;
+#endif
+}
+
+int attention_cuda_devices() {
+#if defined(KVARN_EVAL_HAVE_CUDA)
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
 
 double kl_from_logits(std::span<const double> s, std::span<const double> s_hat) {
   KVARN_CHECK(s.size() == s_hat.size() && !s.empty(), "kl_from_logits: sizes ", s.size(), " and ",
@@ -215,7 +283,7 @@ double topk_overlap(std::span<const double> s, std::span<const double> s_hat, in
   std::vector<int> a, b;
   top_indices(s.data(), n, k, a);
   top_indices(s_hat.data(), n, k, b);
-  return overlap_of_prefix(a, b, k);
+  return overlap_of_prefix(a, b, k, n);
 }
 
 MatrixD reference_attention(const Matrix& q, const Matrix& k, const Matrix& v, int q_first) {
@@ -288,16 +356,35 @@ AttentionReport attention_metrics(const std::vector<Matrix>& q, const std::vecto
   rep.buckets.assign(nb, {});
   const int group = hq / hkv;
 
-  std::vector<MatrixD> qd(hq);
-  for (int h = 0; h < hq; ++h) qd[h] = to_double(q[h]);
+  // Per-position metrics of every query head against a K̂ (full = false: KL only), on the CPU or
+  // the GPU; everything after it (summaries, buckets, outlier ranking) is shared host code.
+  std::vector<MatrixD> qd;
+  RowRunner rows;
+  if (opts.device == AttentionDevice::kCuda) {
+    rows = cuda_rows(q, k, v, v_hat, q_first, opts);
+  } else {
+    qd.resize(hq);
+    for (int h = 0; h < hq; ++h) qd[h] = to_double(q[h]);
+    rows = [&](const std::vector<Matrix>& kh, bool full, std::vector<PositionMetrics>* out) {
+      out->resize(hq);
+      for (int g = 0; g < hkv; ++g) {
+        const MatrixD kd = to_double(k[g]), khd = to_double(kh[g]);
+        const MatrixD vd = full ? to_double(v[g]) : MatrixD();  // KL only reads no values
+        const MatrixD vhd = full ? to_double(v_hat[g]) : MatrixD();
+        for (int h = g * group; h < (g + 1) * group; ++h)
+          run_head(qd[h], kd, vd, khd, vhd, q_first, opts, full, &(*out)[h]);
+      }
+    };
+  }
+
+  std::vector<PositionMetrics> pm;
+  rows(k_hat, true, &pm);
   for (int g = 0; g < hkv; ++g) {
-    const MatrixD kd = to_double(k[g]), vd = to_double(v[g]);
-    const MatrixD khd = to_double(k_hat[g]), vhd = to_double(v_hat[g]);
     for (int h = g * group; h < (g + 1) * group; ++h) {
       HeadAttentionMetrics& hm = rep.heads[h];
       hm.q_head = h;
       hm.kv_head = g;
-      run_head(qd[h], kd, vd, khd, vhd, q_first, opts, true, &hm.positions);
+      hm.positions = std::move(pm[h]);
       accumulate(hm.positions, 0, tq, &hm.summary);
       hm.buckets.assign(nb, {});
       for (int bk = 0; bk < nb; ++bk) {
@@ -327,13 +414,17 @@ AttentionReport attention_metrics(const std::vector<Matrix>& q, const std::vecto
     std::vector<std::int64_t> kl_count(np, 0);
     const double max_pct =
         *std::max_element(opts.outlier_percents.begin(), opts.outlier_percents.end());
-    std::vector<int> cand;
+    auto count_of = [](double pct, std::size_t candidates) {
+      const double c = std::ceil(pct / 100.0 * static_cast<double>(candidates));
+      return std::min(candidates, static_cast<std::size_t>(std::max(0.0, c)));
+    };
+    // Per KV head: the candidate entries, the worst count_of(max_pct) first in ranking order.
+    std::vector<std::vector<int>> ranked(hkv);
     std::vector<float> err(static_cast<std::size_t>(t) * d);
-    PositionMetrics pm;
     for (int g = 0; g < hkv; ++g) {
       const float* a = k[g].data();
       const float* b = k_hat[g].data();
-      cand.clear();
+      std::vector<int>& cand = ranked[g];
       for (int r = 0; r < t; ++r) {
         const bool use = !k_quantized || (*k_quantized)[g][r];
         for (int c = 0; c < d; ++c) {
@@ -345,30 +436,30 @@ AttentionReport attention_metrics(const std::vector<Matrix>& q, const std::vecto
         }
       }
       auto larger = [&](int x, int y) { return err[x] != err[y] ? err[x] > err[y] : x < y; };
-      auto count_of = [&](double pct) {
-        const double c = std::ceil(pct / 100.0 * static_cast<double>(cand.size()));
-        return std::min(cand.size(), static_cast<std::size_t>(std::max(0.0, c)));
-      };
-      const std::size_t most = count_of(max_pct);
+      const std::size_t most = count_of(max_pct, cand.size());
       if (most > 0 && most < cand.size())
         std::nth_element(cand.begin(), cand.begin() + (most - 1), cand.end(), larger);
       std::sort(cand.begin(), cand.begin() + most, larger);
-      const MatrixD kd = to_double(k[g]), vd = to_double(v[g]), vhd = to_double(v_hat[g]);
-      for (int pi = 0; pi < np; ++pi) {
-        const std::size_t cnt = count_of(opts.outlier_percents[pi]);
-        MatrixD kp = to_double(k_hat[g]);
+    }
+    std::vector<Matrix> kp(hkv);
+    for (int pi = 0; pi < np; ++pi) {
+      for (int g = 0; g < hkv; ++g) {
+        const float* a = k[g].data();
+        const float* b = k_hat[g].data();
+        const std::size_t cnt = count_of(opts.outlier_percents[pi], ranked[g].size());
+        kp[g] = k_hat[g];
         for (std::size_t j = 0; j < cnt; ++j) {
-          const int idx = cand[j];
-          kp.data()[idx] = kd.data()[idx];
+          const int idx = ranked[g][j];
+          kp[g].data()[idx] = a[idx];
           const double e = static_cast<double>(a[idx]) - b[idx];
           err_sum[pi] += e * e;
         }
         rep.outliers[pi].patched_entries += static_cast<std::int64_t>(cnt);
-        for (int h = g * group; h < (g + 1) * group; ++h) {
-          run_head(qd[h], kd, vd, kp, vhd, q_first, opts, false, &pm);
-          rep.outliers[pi].kl += std::accumulate(pm.kl.begin(), pm.kl.end(), 0.0);
-          kl_count[pi] += tq;
-        }
+      }
+      rows(kp, false, &pm);
+      for (int h = 0; h < hq; ++h) {
+        rep.outliers[pi].kl += std::accumulate(pm[h].kl.begin(), pm[h].kl.end(), 0.0);
+        kl_count[pi] += tq;
       }
     }
     for (int pi = 0; pi < np; ++pi) {

@@ -1,34 +1,27 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <utility>
 #include <vector>
 
-#include "test_util.hpp"
+#include "attention_test_util.hpp"
 #include "kvarn/core/registry.hpp"
 #include "kvarn/data/error.hpp"
 #include "kvarn/eval/attention.hpp"
+#include "test_util.hpp"
 
 namespace kvarn {
 namespace {
 
 using testing::add_noise;
-using testing::random_kv;
 
-struct Layer {
-  std::vector<Matrix> q, k, v, kh, vh;
-};
+using Layer = testing::AttentionLayer;
 
-// Hq query heads over Hkv KV heads, T tokens; reconstruction = exact + noise.
+// Hq query heads over Hkv KV heads, T tokens, a query per position; K̂, V̂ = exact + noise.
 Layer make_layer(int hq, int hkv, int t, int d, double noise, std::uint64_t seed) {
-  Layer l;
-  for (int h = 0; h < hq; ++h) l.q.push_back(random_kv(t, d, seed + 100 + h, false, 0.7f));
-  for (int g = 0; g < hkv; ++g) {
-    l.k.push_back(random_kv(t, d, seed + 200 + g, true, 0.3f));
-    l.v.push_back(random_kv(t, d, seed + 300 + g, false));
-    l.kh.push_back(noise > 0 ? add_noise(l.k[g], noise, seed + 400 + g) : l.k[g]);
-    l.vh.push_back(noise > 0 ? add_noise(l.v[g], noise, seed + 500 + g) : l.v[g]);
-  }
-  return l;
+  return testing::make_attention_layer(hq, hkv, t, t, d, noise, seed);
 }
 
 AttentionReport measure(const Layer& l, AttentionOptions opts = {}) {
@@ -290,6 +283,80 @@ TEST(Attention, MethodPathUsesTheCacheReconstruction) {
   const nlohmann::json j = r;
   EXPECT_EQ(j["q_heads"], 4);
   EXPECT_FALSE(j["heads"][0].contains("positions"));
+}
+
+// The row formulas moved to kvarn/core/attention_row.hpp (shared with the GPU path). These are the
+// formulas as they were before the move (std::max, std::clamp, a cached ln 2, an inline tie rule);
+// the public primitives must still give exactly their bits.
+namespace before_move {
+double ln2() {
+  static const double v = std::log1p(1.0);
+  return v;
+}
+double softplus(double x) { return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x)); }
+double lse(const std::vector<double>& s) {
+  double mx = s[0];
+  for (double x : s) mx = std::max(mx, x);
+  double sum = 0;
+  for (double x : s) sum += std::exp(x - mx);
+  return mx + std::log(sum);
+}
+// {KL, JS} of one row.
+std::pair<double, double> kl_js(const std::vector<double>& s, const std::vector<double>& sh) {
+  const int n = static_cast<int>(s.size());
+  const double l = lse(s), lh = lse(sh);
+  std::vector<double> p(n), ph(n);
+  double kl = 0, js = 0;
+  for (int j = 0; j < n; ++j) {
+    const double ls = s[j] - l, lsh = sh[j] - lh;
+    p[j] = std::exp(ls);
+    ph[j] = std::exp(lsh);
+    kl += p[j] * (ls - lsh);
+  }
+  for (int j = 0; j < n; ++j) {
+    const double dlt = (sh[j] - lh) - (s[j] - l);
+    js += p[j] * (ln2() - softplus(dlt)) + ph[j] * (ln2() - softplus(-dlt));
+  }
+  return {std::max(0.0, kl), std::clamp(0.5 * js, 0.0, ln2())};
+}
+double topk(const std::vector<double>& s, const std::vector<double>& sh, int k) {
+  const int n = static_cast<int>(s.size());
+  if (n <= k) return 1.0;
+  auto top = [k, n](const std::vector<double>& x) {
+    std::vector<int> idx(n);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::sort(idx.begin(), idx.end(),
+              [&x](int a, int b) { return x[a] != x[b] ? x[a] > x[b] : a < b; });
+    idx.resize(k);
+    return idx;
+  };
+  const std::vector<int> a = top(s), b = top(sh);
+  int common = 0;
+  for (int i = 0; i < k; ++i) common += std::find(b.begin(), b.end(), a[i]) != b.end() ? 1 : 0;
+  return static_cast<double>(common) / k;
+}
+}  // namespace before_move
+
+TEST(Attention, RowPrimitivesKeepTheirBitsAfterMovingToCore) {
+  Rng rng(31);
+  for (int trial = 0; trial < 240; ++trial) {
+    const int n = 1 + (trial * 37) % 700;
+    const double noise =
+        trial % 4 == 0 ? 0.0 : (trial % 4 == 1 ? 1e-4 : (trial % 4 == 2 ? 0.3 : 6.0));
+    std::vector<double> s(n), sh(n);
+    for (int j = 0; j < n; ++j) {
+      s[j] = 5.0 * rng.normal() + (trial % 7 == 0 ? 900.0 : 0.0);
+      if (trial % 5 == 0) s[j] = std::round(s[j]);  // many exact ties for the top-k rule
+      sh[j] = s[j] + noise * rng.normal();
+      if (trial % 5 == 0) sh[j] = std::round(sh[j]);
+    }
+    const auto [kl, js] = before_move::kl_js(s, sh);
+    ASSERT_EQ(kl_from_logits(s, sh), kl) << "trial " << trial;
+    ASSERT_EQ(js_from_logits(s, sh), js) << "trial " << trial;
+    for (int k : {1, 3, 8, 32})
+      ASSERT_EQ(topk_overlap(s, sh, k), before_move::topk(s, sh, k))
+          << "trial " << trial << " k " << k;
+  }
 }
 
 }  // namespace

@@ -24,6 +24,11 @@ namespace kvarn {
 
 using MatrixD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
+// Where the per-(head, position) metrics are computed. kCuda: kvarn_cuda's attention_rows
+// (double logits on the GPU, same row formulas from kvarn/core/attention_row.hpp, outlier
+// importance included); buckets, summaries and the outlier ranking stay on the host, shared code.
+enum class AttentionDevice { kCpu, kCuda };
+
 struct AttentionOptions {
   std::vector<int> topk = {1, 8, 32};
   // Outlier importance (paper Fig. 3): percent of K entries patched back to exact; empty: skip.
@@ -32,7 +37,8 @@ struct AttentionOptions {
   int q_first = -1;          // position of query row 0; -1: T - Tq
   // Position buckets [edges[i], edges[i+1]), ascending from 0; empty: 0, 1, 2, 4, 8, ... (log2).
   std::vector<int> bucket_edges;
-  int block = 64;  // query rows per GEMM block
+  int block = 64;  // query rows per GEMM block (CPU)
+  AttentionDevice device = AttentionDevice::kCpu;
 };
 
 // Means over a set of (head, query position) samples.
@@ -72,6 +78,11 @@ struct AttentionReport {
   std::vector<AttentionSummary> buckets;    // over every head, per position bucket
   std::vector<OutlierImportance> outliers;  // per outlier percent
 };
+
+// Whether kvarn_eval was built with kvarn_cuda (AttentionDevice::kCuda available), and the
+// number of CUDA devices it sees (0 without CUDA). kCuda throws kvarn::Error when either is 0.
+bool attention_cuda_built();
+int attention_cuda_devices();
 
 // q: [Hq] of [Tq, D]; k, v, k_hat, v_hat: [Hkv] of [T, D]. k_quantized (optional, [Hkv] of [T]):
 // the tokens the method quantized; outlier patching only picks entries of those tokens.
