@@ -9,5 +9,6 @@ scripts/build.sh
 bin=${KVARN_BUILD_DIR:-build}/bin/kvarn-eval
 "$bin" methods --head-dim 128 --context 4096
 # The main job: the paper workload. Without a user-supplied Qwen3 checkpoint and AIME prompts it
-# runs on the embedded tiles (real SmolLM2 KV + synthetic) at reduced size and says so.
+# runs on a capture from the embedded fixture Qwen3 plus the SmolLM2 tiles, at reduced size, and
+# says so.
 "$bin" sweep configs/aime25.yaml "$@"

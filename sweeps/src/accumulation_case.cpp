@@ -95,7 +95,10 @@ const AccumulationReference& reference_for(const Runner& r, const AccumulationMo
                           std::to_string(o.free_running);
   auto it = memo().refs.find(key);
   if (it == memo().refs.end()) {
-    const std::vector<std::int32_t> ids = r.encode(a.prompt_texts[p]);
+    // Token-id prompts need no tokenizer (builds without PCRE2, e.g. the GPU image).
+    const bool has_ids = p < a.prompt_token_ids.size() && !a.prompt_token_ids[p].empty();
+    const std::vector<std::int32_t> ids =
+        has_ids ? a.prompt_token_ids[p] : r.encode(a.prompt_texts[p]);
     it = memo().refs.emplace(key, accumulation_reference(r.model(), ids, o)).first;
   }
   return it->second;

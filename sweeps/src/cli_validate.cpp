@@ -36,6 +36,16 @@ void run_validate(const ValidateCliOptions& o) {
   std::printf("config: %s (name %s, resolved hash %s)\n", o.config.c_str(), cfg.name.c_str(),
               cfg.hash.substr(0, 12).c_str());
   std::printf("run directory: %s\n", run_directory(cfg, 0, 1, false).string().c_str());
+  const SweepEstimate e = estimate_sweep(cfg);
+  if (const auto& cap = cfg.data.capture) {
+    std::printf(
+        "data: %s/%s (%s, head_dim %d): captured before the cases by %s from %s, %zu prompt(s) "
+        "of %s, generate %d, layers %s; estimated %s, %s\n",
+        run_directory(cfg, 0, 1, false).string().c_str(), kCaptureFile, cap->name.c_str(),
+        cap->head_dim, cap->key.c_str(), cap->model.c_str(), cap->sequence_tokens.size(),
+        cap->prompts.c_str(), cap->generate, cap->layers.c_str(),
+        Progress::format_duration(e.capture_seconds).c_str(), human_bytes(e.capture_bytes).c_str());
+  }
   for (const TilesSource& t : cfg.data.tiles) {
     std::printf("data: %s (%s, head_dim %d, %s)\n", t.path.c_str(), t.name.c_str(), t.head_dim,
                 t.fingerprint.substr(0, 19).c_str());
@@ -46,7 +56,6 @@ void run_validate(const ValidateCliOptions& o) {
     std::printf("  %-14s %-24s %8.3f  %s\n", c.id.c_str(), c.name.c_str(), c.bits_per_element,
                 c.spec.c_str());
   }
-  const SweepEstimate e = estimate_sweep(cfg);
   std::printf(
       "estimate (rough: tokens x per-token cost per metric family, one core): %s, %s on "
       "disk (%lld slabs, %lld tokens per case)\n",

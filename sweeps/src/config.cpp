@@ -14,8 +14,11 @@
 #include "kvarn/core/registry.hpp"
 #include "kvarn/data/error.hpp"
 #include "kvarn/data/tile_file.hpp"
+#include "kvarn/eval/attention.hpp"
 #if KVARN_HAVE_RUNNER
+#include "kvarn/eval/capture.hpp"
 #include "kvarn/eval/model.hpp"
+#include "kvarn/eval/tokenizer.hpp"
 #endif
 #include "kvarn/sweeps/provenance.hpp"
 
@@ -43,16 +46,18 @@ const std::vector<std::string> kTopKeys = {"version", "name",    "description", 
                                            "seed",    "output",  "report"};
 const std::vector<std::string> kDataKeys = {"tiles",      "sequences", "layers",  "kv_heads",
                                             "max_tokens", "capture",   "fallback"};
-const std::vector<std::string> kFallbackKeys = {"tiles", "sequences", "layers", "kv_heads",
-                                                "max_tokens"};
-const std::vector<std::string> kCaptureKeys = {"model", "prompts", "generate"};
+const std::vector<std::string> kFallbackKeys = {"tiles",    "sequences",  "layers",
+                                                "kv_heads", "max_tokens", "capture"};
+const std::vector<std::string> kCaptureKeys = {
+    "model",  "prompts",  "prompt_ids",  "generate", "ignore_eos", "max_tokens",
+    "layers", "kv_heads", "query_heads", "chat",     "device",     "threads"};
 const std::vector<std::string> kAccumulationKeys = {
     "enabled", "model", "prompts",     "prompt_ids", "block",  "context", "decode_steps",
     "modes",   "seed",  "temperature", "top_p",      "device", "threads"};
 const std::vector<std::string> kAccumulationModes = {"pseudo_decode", "teacher_forced",
                                                      "free_running"};
 const std::vector<std::string> kMetricsKeys = {"reconstruction", "attention", "outlier_fractions",
-                                               "topk", "arrays"};
+                                               "topk",           "arrays",    "device"};
 
 // Where a key lives, for error messages.
 class Ctx {
@@ -187,27 +192,261 @@ std::optional<std::vector<int>> get_selection(const Ctx& c, const YAML::Node& n,
 json selection_json(const std::optional<std::vector<int>>& s) { return s ? json(*s) : json("all"); }
 
 void check_selection(const Ctx& c, const YAML::Node& n, const std::string& key,
-                     const std::optional<std::vector<int>>& sel, int count, const TilesSource& t,
+                     const std::optional<std::vector<int>>& sel, int count, const std::string& file,
                      const std::string& what) {
   if (!sel) return;
   for (std::size_t i = 0; i < sel->size(); ++i) {
     if ((*sel)[i] >= count) {
       c.fail_at(n.IsSequence() ? n[i] : n, key,
-                "index " + std::to_string((*sel)[i]) + " out of range: " + t.path + " has " +
+                "index " + std::to_string((*sel)[i]) + " out of range: " + file + " has " +
                     std::to_string(count) + " " + what);
     }
   }
 }
 
-// Parses tiles/sequences/layers/kv_heads/max_tokens of `data` or `data.fallback`.
+// A capture block's model that is not on disk and reads as a model hub id ("Qwen/Qwen3-8B",
+// "gpt2"), not as a path: such a model selects data.fallback instead of failing.
+bool looks_like_hub_id(const std::string& m) {
+  if (m.empty() || m[0] == '/' || m[0] == '.' || m[0] == '~') return false;
+  if (std::count(m.begin(), m.end(), '/') > 1) return false;
+  return std::all_of(m.begin(), m.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.' ||
+           ch == '/';
+  });
+}
+
+// An index list of the capture: "all", "0-3", "0,3,7", a single index or a YAML list of indices
+// (the text the capture library parses).
+std::string index_list_text(const Ctx& c, const YAML::Node& n, const std::string& key) {
+  if (n.IsScalar()) return n.Scalar();
+  if (!n.IsSequence() || n.size() == 0) {
+    c.fail_at(n, key,
+              "expected 'all', a list of indices or a range such as 0-3, got " + type_name(n));
+  }
+  std::string out;
+  for (std::size_t i = 0; i < n.size(); ++i) {
+    if (i) out += ',';
+    out += std::to_string(get_int(c, n[i], key + "." + std::to_string(i)));
+  }
+  return out;
+}
+
+// `data.capture` / `data.fallback.capture`: keys and types always; with the runner, everything
+// the capture will read (checkpoint config, prompts, index lists, context length). Returns false
+// (spec only partly filled) when the model is not on disk and reads as a hub id.
+bool parse_capture(const Ctx& c, const YAML::Node& n, const std::string& key,
+                   const fs::path& config_path, CaptureSpec& cap) {
+  require_map(c, n, key);
+  check_keys(c, n, key, kCaptureKeys);
+  cap.key = key;
+  const std::string mkey = key + ".model", pkey = key + ".prompts";
+  if (!n["model"].IsDefined() || n["model"].IsNull()) {
+    c.fail_at(n, mkey, "missing (a checkpoint directory with config.json, or a hub id)");
+  }
+  cap.model = get_string(c, n["model"], mkey);
+  if (!n["prompts"].IsDefined() || n["prompts"].IsNull()) {
+    c.fail_at(n, pkey, "missing (a JSONL file of {\"id\", \"text\"} or {\"id\", \"token_ids\"})");
+  }
+  cap.prompts = get_string(c, n["prompts"], pkey);
+  auto int_in = [&](const char* k, int lo, int hi, int& out) {
+    const YAML::Node v = n[k];
+    if (!v.IsDefined()) return;
+    const long long x = get_int(c, v, key + "." + k);
+    if (x < lo || x > hi) {
+      c.fail_at(v, key + "." + k,
+                "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    }
+    out = static_cast<int>(x);
+  };
+  int_in("generate", 0, 1 << 22, cap.generate);
+  int_in("max_tokens", 0, 1 << 24, cap.max_tokens);
+  int_in("threads", 0, 1024, cap.threads);
+  if (n["ignore_eos"].IsDefined())
+    cap.ignore_eos = get_bool(c, n["ignore_eos"], key + ".ignore_eos");
+  if (n["chat"].IsDefined()) cap.chat = get_bool(c, n["chat"], key + ".chat");
+  if (n["device"].IsDefined()) {
+    cap.device = get_string(c, n["device"], key + ".device");
+    const bool ok =
+        cap.device == "cpu" || cap.device == "cuda" || cap.device.rfind("cuda:", 0) == 0;
+    if (!ok) c.fail_at(n["device"], key + ".device", "expected cpu, cuda or cuda:N");
+  }
+  for (auto [k, out] : {std::pair<const char*, std::string*>{"layers", &cap.layers},
+                        {"kv_heads", &cap.kv_heads},
+                        {"query_heads", &cap.query_heads}}) {
+    if (n[k].IsDefined()) *out = index_list_text(c, n[k], key + "." + k);
+  }
+  const YAML::Node ids = n["prompt_ids"];
+  if (ids.IsDefined() && !ids.IsNull()) {
+    if (!ids.IsSequence() || ids.size() == 0) {
+      c.fail_at(ids, key + ".prompt_ids", "expected a non-empty list of prompt ids");
+    }
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const std::string k = key + ".prompt_ids." + std::to_string(i);
+      const std::string id = get_string(c, ids[i], k);
+      if (std::find(cap.prompt_ids.begin(), cap.prompt_ids.end(), id) != cap.prompt_ids.end()) {
+        c.fail_at(ids[i], k, "prompt '" + id + "' listed twice");
+      }
+      cap.prompt_ids.push_back(id);
+    }
+  }
+
+  cap.model_resolved = resolve_input_path(cap.model, config_path);
+  if (cap.model_resolved.empty()) {
+    if (looks_like_hub_id(cap.model)) return false;
+    c.fail_at(n["model"], mkey,
+              "checkpoint directory not found: " + cap.model +
+                  " (looked in the current directory, the config's directory and its parent)");
+  }
+  std::error_code ec;
+  if (!fs::is_regular_file(cap.model_resolved / "config.json", ec)) {
+    c.fail_at(n["model"], mkey, "not a checkpoint directory (config.json not found): " + cap.model);
+  }
+  cap.name = fs::absolute(cap.model_resolved).lexically_normal().filename().string();
+  if (cap.name.empty()) cap.name = "capture";
+#if KVARN_HAVE_RUNNER
+  cap.prompts_resolved = resolve_input_path(cap.prompts, config_path);
+  if (cap.prompts_resolved.empty()) c.fail_at(n["prompts"], pkey, "file not found: " + cap.prompts);
+  std::vector<CapturePrompt> prompts;
+  try {
+    prompts = load_capture_prompts(cap.prompts_resolved);
+  } catch (const Error& e) {
+    c.fail_at(n["prompts"], pkey, e.what());
+  }
+  if (prompts.empty()) c.fail_at(n["prompts"], pkey, cap.prompts + " holds no prompts");
+  if (!cap.prompt_ids.empty()) {
+    std::vector<std::string> known;
+    for (const CapturePrompt& p : prompts) known.push_back(p.id);
+    std::vector<CapturePrompt> chosen;
+    for (std::size_t i = 0; i < cap.prompt_ids.size(); ++i) {
+      const std::string& id = cap.prompt_ids[i];
+      const auto it = std::find(known.begin(), known.end(), id);
+      if (it == known.end()) {
+        c.fail_at(ids[i], key + ".prompt_ids." + std::to_string(i),
+                  "no prompt '" + id + "' in " + cap.prompts +
+                      " (nearest: " + nearest(id, known, 1) + ")");
+      }
+      chosen.push_back(prompts[static_cast<std::size_t>(it - known.begin())]);
+    }
+    prompts = std::move(chosen);
+  }
+  ModelConfig mc;
+  try {
+    mc = load_model_config(cap.model_resolved / "config.json");
+  } catch (const Error& e) {
+    c.fail_at(n["model"], mkey, e.what());
+  }
+  cap.head_dim = mc.head_dim;
+  cap.num_layers = mc.num_layers;
+  cap.num_kv_heads = mc.num_kv_heads;
+  cap.num_q_heads = mc.num_heads;
+  auto indices = [&](const char* k, const std::string& text, int count) {
+    const std::string what = key + "." + k;
+    try {
+      return parse_index_list(text, count, what);
+    } catch (const Error& e) {
+      std::string msg = e.what();  // "<what>: ...": the key is named once, by fail_at
+      if (msg.rfind(what + ": ", 0) == 0) msg = msg.substr(what.size() + 2);
+      c.fail_at(n[k], what, msg);
+    }
+  };
+  cap.captured_layers = static_cast<int>(indices("layers", cap.layers, mc.num_layers).size());
+  if (static_cast<int>(indices("kv_heads", cap.kv_heads, mc.num_kv_heads).size()) !=
+      mc.num_kv_heads) {
+    c.fail_at(n["kv_heads"], key + ".kv_heads",
+              "schema kvarn-tiles v1 stores every KV head; use 'all' (the model has " +
+                  std::to_string(mc.num_kv_heads) + ")");
+  }
+  cap.captured_q_heads =
+      static_cast<int>(indices("query_heads", cap.query_heads, mc.num_heads).size());
+
+  // Token counts (the estimate, and the context check before anything runs).
+  const bool any_text = std::any_of(prompts.begin(), prompts.end(),
+                                    [](const CapturePrompt& p) { return !p.has_token_ids; });
+  std::unique_ptr<Tokenizer> tok;
+  if (any_text) {
+    if (!fs::is_regular_file(cap.model_resolved / "tokenizer.json", ec)) {
+      c.fail_at(n["model"], mkey, cap.model + " has no tokenizer.json (the prompts are text)");
+    }
+    if (Tokenizer::available()) {
+      try {
+        tok = Tokenizer::load(cap.model_resolved / "tokenizer.json");
+      } catch (const Error& e) {
+        c.fail_at(n["model"], mkey, e.what());
+      }
+    }
+  }
+  for (const CapturePrompt& p : prompts) {
+    long long t = static_cast<long long>(p.token_ids.size());
+    if (!p.has_token_ids) {
+      try {
+        t = tok ? static_cast<long long>(
+                      (cap.chat ? tok->encode(render_chat_prompt(cap.model_resolved, p.text))
+                                : tok->encode(p.text, true))
+                          .size())
+                : static_cast<long long>(p.text.size() / 4 + 1);  // rough, estimate only
+      } catch (const Error& e) {
+        c.fail_at(
+            n[cap.chat ? "chat" : "prompts"], cap.chat ? key + ".chat" : pkey,
+            cap.prompts + ":" + std::to_string(p.line) + ": prompt '" + p.id + "': " + e.what());
+      }
+    }
+    long long total = t + cap.generate;
+    if (cap.max_tokens > 0) total = std::min<long long>(total, cap.max_tokens);
+    if (total > mc.max_position_embeddings) {
+      // The culprit: a max_tokens above the context, else generate, else the prompt itself.
+      const char* k = cap.max_tokens > 0 ? "max_tokens" : cap.generate > 0 ? "generate" : "prompts";
+      c.fail_at(n[k], key + "." + k,
+                "prompt '" + p.id + "': " + std::to_string(t) + " prompt tokens + " +
+                    std::to_string(cap.generate) + " generated exceed " + cap.model +
+                    "'s context of " + std::to_string(mc.max_position_embeddings) +
+                    " tokens (lower generate or set max_tokens)");
+    }
+    cap.sequence_tokens.push_back(static_cast<int>(total));
+  }
+
+  // Fingerprints of what determines the captured values.
+  json files = json::object();
+  for (const auto& e : fs::directory_iterator(cap.model_resolved, ec)) {
+    const std::string f = e.path().filename().string();
+    const bool weights = e.path().extension() == ".safetensors";
+    if (weights) cap.weight_bytes += static_cast<double>(e.file_size(ec));
+    if (weights || f == "config.json" || f == "tokenizer.json" || f == "tokenizer_config.json") {
+      files[f] = file_fingerprint(e.path());
+    }
+  }
+  cap.resolved = {{"model", cap.model},
+                  {"name", cap.name},
+                  {"model_files", files},
+                  {"prompts", cap.prompts},
+                  {"prompts_fingerprint", file_fingerprint(cap.prompts_resolved)},
+                  {"prompt_ids", cap.prompt_ids},
+                  {"generate", cap.generate},
+                  {"ignore_eos", cap.ignore_eos},
+                  {"max_tokens", cap.max_tokens},
+                  {"layers", cap.layers},
+                  {"kv_heads", cap.kv_heads},
+                  {"query_heads", cap.query_heads},
+                  {"chat", cap.chat},
+                  {"device", cap.device}};
+  cap.hash = sha256_hex(cap.resolved.dump());
+#endif
+  return true;
+}
+
+// Parses tiles/sequences/layers/kv_heads/max_tokens of `data` or `data.fallback`. The tiles may
+// be absent when `capture` is given; the selection then applies to the captured file too.
 DataSelection parse_selection(const Ctx& c, const YAML::Node& n, const std::string& path,
-                              const fs::path& config_path) {
+                              const fs::path& config_path,
+                              const std::optional<CaptureSpec>& capture) {
   DataSelection d;
+  d.capture = capture;
   const std::string tkey = join_key(path, "tiles");
   const YAML::Node tiles = n["tiles"];
-  if (!tiles.IsDefined() || tiles.IsNull()) c.fail_at(n, tkey, "missing (an HDF5 tile file)");
+  const bool no_tiles = !tiles.IsDefined() || tiles.IsNull();
+  if (no_tiles && !capture) c.fail_at(n, tkey, "missing (an HDF5 tile file, or a capture block)");
   std::vector<std::pair<YAML::Node, std::string>> entries;
-  if (tiles.IsSequence()) {
+  if (no_tiles) {
+  } else if (tiles.IsSequence()) {
     if (tiles.size() == 0) c.fail_at(tiles, tkey, "empty list of tile files");
     for (std::size_t i = 0; i < tiles.size(); ++i) {
       entries.emplace_back(tiles[i], tkey + "." + std::to_string(i));
@@ -216,6 +455,7 @@ DataSelection parse_selection(const Ctx& c, const YAML::Node& n, const std::stri
     entries.emplace_back(tiles, tkey);
   }
   std::set<std::string> names;
+  if (capture) names.insert(capture->name);
   for (const auto& [node, key] : entries) {
     TilesSource t;
     t.path = get_string(c, node, key);
@@ -247,14 +487,21 @@ DataSelection parse_selection(const Ctx& c, const YAML::Node& n, const std::stri
     if (m < 0) c.fail_at(n["max_tokens"], join_key(path, "max_tokens"), "must be >= 0 (0: all)");
     d.max_tokens = static_cast<int>(m);
   }
+  auto check_all = [&](const std::string& file, int sequences, int layers, int kv_heads) {
+    check_selection(c, n["sequences"], join_key(path, "sequences"), d.sequences, sequences, file,
+                    "sequences");
+    check_selection(c, n["layers"], join_key(path, "layers"), d.layers, layers, file,
+                    "captured layers");
+    check_selection(c, n["kv_heads"], join_key(path, "kv_heads"), d.kv_heads, kv_heads, file,
+                    "KV heads");
+  };
+  if (capture) {
+    check_all("the capture of " + capture->key, static_cast<int>(capture->sequence_tokens.size()),
+              capture->captured_layers, capture->num_kv_heads);
+  }
   for (const TilesSource& t : d.tiles) {
     TileReader r(t.resolved);
-    check_selection(c, n["sequences"], join_key(path, "sequences"), d.sequences, r.num_sequences(),
-                    t, "sequences");
-    check_selection(c, n["layers"], join_key(path, "layers"), d.layers,
-                    r.info().num_captured_layers(), t, "captured layers");
-    check_selection(c, n["kv_heads"], join_key(path, "kv_heads"), d.kv_heads, r.info().num_kv_heads,
-                    t, "KV heads");
+    check_all(t.path, r.num_sequences(), r.info().num_captured_layers(), r.info().num_kv_heads);
   }
   return d;
 }
@@ -466,6 +713,7 @@ void parse_accumulation(const Ctx& c, const YAML::Node& acc, const fs::path& con
     try {
       const ModelConfig mc = load_model_config(am.resolved / "config.json");
       am.head_dim = mc.head_dim;
+      am.vocab_size = mc.vocab_size;
       am.num_layers = mc.num_layers;
       if (a.context + a.decode_steps > mc.max_position_embeddings) {
         c.fail_at(acc["context"].IsDefined() ? acc["context"] : node, "accumulation.context",
@@ -499,7 +747,12 @@ void parse_accumulation(const Ctx& c, const YAML::Node& acc, const fs::path& con
   a.prompts_resolved = resolve_input_path(a.prompts, config_path);
   if (a.prompts_resolved.empty())
     c.fail_at(pn, "accumulation.prompts", "file not found: " + a.prompts);
-  std::vector<std::pair<std::string, std::string>> file_prompts;
+  // {id, text} or {id, token_ids} (token ids run where the build has no tokenizer).
+  struct FilePrompt {
+    std::string id, text;
+    std::vector<std::int32_t> token_ids;
+  };
+  std::vector<FilePrompt> file_prompts;
   {
     std::ifstream in(a.prompts_resolved);
     std::string line;
@@ -508,18 +761,45 @@ void parse_accumulation(const Ctx& c, const YAML::Node& acc, const fs::path& con
       ++lineno;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       const json j = json::parse(line, nullptr, false);
-      if (j.is_discarded() || !j.is_object() || !j.contains("id") || !j.contains("text") ||
-          !j["id"].is_string() || !j["text"].is_string()) {
+      const bool text = j.is_object() && j.contains("text") && j["text"].is_string();
+      bool ids_ok = j.is_object() && j.contains("token_ids") && j["token_ids"].is_array() &&
+                    !j["token_ids"].empty();
+      FilePrompt fp;
+      for (std::size_t i = 0; ids_ok && i < j["token_ids"].size(); ++i) {
+        const json& t = j["token_ids"][i];
+        ids_ok = t.is_number_integer() && t.get<long long>() >= 0 && t.get<long long>() < (1 << 30);
+        if (ids_ok) fp.token_ids.push_back(static_cast<std::int32_t>(t.get<long long>()));
+      }
+      if (j.is_discarded() || !j.is_object() || !j.contains("id") || !j["id"].is_string() ||
+          text == ids_ok) {
         c.fail_at(pn, "accumulation.prompts",
                   a.prompts + ":" + std::to_string(lineno) +
-                      ": expected a JSON object with string fields id and text");
+                      ": expected a JSON object with a string id and either a string text or "
+                      "token_ids (a non-empty list of non-negative integers)");
       }
-      file_prompts.emplace_back(j["id"].get<std::string>(), j["text"].get<std::string>());
+      fp.id = j["id"].get<std::string>();
+      if (text) fp.text = j["text"].get<std::string>();
+      file_prompts.push_back(std::move(fp));
     }
   }
   if (file_prompts.empty()) c.fail_at(pn, "accumulation.prompts", a.prompts + " holds no prompts");
   std::vector<std::string> ids;
-  for (const auto& fp : file_prompts) ids.push_back(fp.first);
+  for (const auto& fp : file_prompts) ids.push_back(fp.id);
+  auto select = [&](std::size_t i) {
+    const FilePrompt& fp = file_prompts[i];
+    a.prompt_ids.push_back(fp.id);
+    a.prompt_texts.push_back(fp.text);
+    a.prompt_token_ids.push_back(fp.token_ids);
+    for (const AccumulationModel& m : a.models) {
+      for (const std::int32_t t : fp.token_ids) {
+        if (t >= m.vocab_size) {
+          c.fail_at(pn, "accumulation.prompts",
+                    "prompt '" + fp.id + "': token id " + std::to_string(t) + " >= " + m.name +
+                        "'s vocab_size " + std::to_string(m.vocab_size));
+        }
+      }
+    }
+  };
   if (const YAML::Node pi = acc["prompt_ids"]; pi.IsDefined() && !pi.IsNull()) {
     if (!pi.IsSequence() || pi.size() == 0) {
       c.fail_at(pi, "accumulation.prompt_ids", "expected a non-empty list of prompt ids");
@@ -536,14 +816,52 @@ void parse_accumulation(const Ctx& c, const YAML::Node& acc, const fs::path& con
       if (std::find(a.prompt_ids.begin(), a.prompt_ids.end(), id) != a.prompt_ids.end()) {
         c.fail_at(pi[i], k, "prompt '" + id + "' listed twice");
       }
-      a.prompt_ids.push_back(id);
-      a.prompt_texts.push_back(file_prompts[static_cast<std::size_t>(it - ids.begin())].second);
+      select(static_cast<std::size_t>(it - ids.begin()));
     }
   } else {
-    a.prompt_ids.push_back(file_prompts.front().first);
-    a.prompt_texts.push_back(file_prompts.front().second);
+    select(0);
   }
 #endif
+}
+
+// One data block (`data` or `data.fallback`) into cfg.data. Returns false, with *remote set to the
+// model, when its capture names a model that is not on disk (a hub id).
+bool parse_data_block(const Ctx& c, const YAML::Node& n, const std::string& path,
+                      const fs::path& config_path, SweepConfig& cfg, std::string* remote) {
+  const YAML::Node cn = n["capture"];
+  const bool has_tiles = n["tiles"].IsDefined() && !n["tiles"].IsNull();
+  std::optional<CaptureSpec> capture;
+  if (cn.IsDefined() && !cn.IsNull()) {
+    const std::string key = join_key(path, "capture");
+    CaptureSpec cap;
+    if (!parse_capture(c, cn, key, config_path, cap)) {
+      *remote = cap.model;
+      return false;
+    }
+#if KVARN_HAVE_RUNNER
+    capture = std::move(cap);
+#else
+    // A fallback with tiles still runs (as accumulation does); anything else would measure
+    // something other than what the config asks for.
+    if (path != "data" && has_tiles) {
+      cfg.notices.push_back(cfg.name + ": " + key +
+                            " skipped: this kvarn-eval was built without the libtorch model "
+                            "runner; running on " +
+                            join_key(path, "tiles") + " only");
+    } else {
+      c.fail_at(cn, key,
+                "capturing from " + cap.model +
+                    " needs the libtorch model runner, and this kvarn-eval was built without it "
+                    "(scripts/install_deps.sh installs torch; rebuild), or capture elsewhere and "
+                    "point " +
+                    join_key(path, "tiles") + " at the file");
+    }
+#endif
+  } else if (!has_tiles) {
+    c.fail_at(n, join_key(path, "tiles"), "missing (an HDF5 tile file, or a capture block)");
+  }
+  cfg.data = parse_selection(c, n, path, config_path, capture);
+  return true;
 }
 
 // The resolved `accumulation` block; disabled configs keep the exact form older runs hashed.
@@ -650,46 +968,50 @@ SweepConfig load_config(const fs::path& path, const std::vector<std::string>& se
     cfg.description = get_string(c, root["description"], "description");
   }
 
-  // data: tiles, or a capture spec that falls back to embedded tiles while capture is missing.
+  // data: tiles and/or a capture spec; a capture whose model is not on disk (a hub id) selects
+  // data.fallback, with a notice saying so.
   const YAML::Node data = root["data"];
   if (!data.IsDefined()) c.fail_at(root, "data", "missing");
   require_map(c, data, "data");
   check_keys(c, data, "data", kDataKeys);
-  const YAML::Node capture = data["capture"];
-  if (capture.IsDefined() && !capture.IsNull()) {
-    require_map(c, capture, "data.capture");
-    check_keys(c, capture, "data.capture", kCaptureKeys);
-    if (capture["model"].IsDefined()) get_string(c, capture["model"], "data.capture.model");
-    if (capture["prompts"].IsDefined()) get_string(c, capture["prompts"], "data.capture.prompts");
-    if (capture["generate"].IsDefined()) get_int(c, capture["generate"], "data.capture.generate");
-  }
   const YAML::Node fallback = data["fallback"];
-  if (fallback.IsDefined() && !fallback.IsNull()) {
+  const bool has_fallback = fallback.IsDefined() && !fallback.IsNull();
+  if (has_fallback) {
     require_map(c, fallback, "data.fallback");
     check_keys(c, fallback, "data.fallback", kFallbackKeys);
   }
-  const bool has_tiles = data["tiles"].IsDefined() && !data["tiles"].IsNull();
-  const bool has_capture = capture.IsDefined() && !capture.IsNull();
-  if (has_tiles) {
-    cfg.data = parse_selection(c, data, "data", path);
-    if (has_capture) {
-      cfg.notices.push_back(cfg.name + ": data.tiles is given, so data.capture is not run (the " +
-                            "capture is taken to be the tiles file)");
-    }
-  } else if (has_capture) {
-    if (!fallback.IsDefined() || fallback.IsNull()) {
-      c.fail_at(capture, "data.capture",
-                "data.capture needs `kvarn-eval capture` (not yet available); run it separately "
-                "and point data.tiles at its output");
-    }
-    cfg.data = parse_selection(c, fallback, "data.fallback", path);
-    cfg.data.source = "fallback";
-    cfg.notices.push_back(cfg.name +
-                          ": capture not available / model not supplied — running on the "
-                          "embedded tiles at reduced size (data.fallback: " +
-                          cfg.data.tiles.front().path + ")");
+  std::string remote;
+  if (parse_data_block(c, data, "data", path, cfg, &remote)) {
+    cfg.data.source = cfg.data.capture ? "capture" : "tiles";
   } else {
-    c.fail_at(data, "data.tiles", "missing (an HDF5 tile file, or a data.capture block)");
+    if (!has_fallback) {
+      c.fail_at(data["capture"]["model"], "data.capture.model",
+                "'" + remote +
+                    "' is not a local checkpoint directory (no config.json found) and there is "
+                    "no data.fallback: download the model and pass its directory, e.g. --set "
+                    "data.capture.model=/path/to/checkpoint");
+    }
+    std::string fb_remote;
+    if (!parse_data_block(c, fallback, "data.fallback", path, cfg, &fb_remote)) {
+      c.fail_at(fallback["capture"]["model"], "data.fallback.capture.model",
+                "'" + fb_remote +
+                    "' is not a local checkpoint directory: a fallback must run on local data");
+    }
+    cfg.data.source = "fallback";
+    std::string what;
+    if (const auto& cap = cfg.data.capture) {
+      what = "a capture from " + cap->model + " (" + std::to_string(cap->sequence_tokens.size()) +
+             " prompt(s) of " + cap->prompts + ", " + std::to_string(cap->generate) +
+             " generated tokens)";
+    }
+    for (const TilesSource& t : cfg.data.tiles) what += (what.empty() ? "" : " + ") + t.path;
+    cfg.notices.push_back(
+        cfg.name + ": data.capture.model '" + remote +
+        "' is not a local checkpoint, so data.fallback runs instead, at REDUCED SIZE (not the "
+        "configured workload): " +
+        what +
+        ". To run the configured workload, supply the model: --set "
+        "data.capture.model=/path/to/checkpoint");
   }
 
   // metrics
@@ -730,6 +1052,14 @@ SweepConfig load_config(const fs::path& path, const std::vector<std::string>& se
         if (v < 1) c.fail_at(tk[i], k, "must be >= 1");
         m.topk.push_back(static_cast<int>(v));
       }
+    }
+    if (metrics["device"].IsDefined()) {
+      m.device = get_string(c, metrics["device"], "metrics.device");
+      if (m.device != "cpu" && m.device != "cuda")
+        c.fail_at(metrics["device"], "metrics.device", "expected cpu or cuda");
+      if (m.device == "cuda" && !attention_cuda_built())
+        c.fail_at(metrics["device"], "metrics.device",
+                  "cuda needs kvarn-eval built with CUDA (-DKVARN_ENABLE_CUDA=ON)");
     }
     if (!m.reconstruction && !m.attention) {
       c.fail_at(metrics, "metrics",
@@ -783,6 +1113,7 @@ SweepConfig load_config(const fs::path& path, const std::vector<std::string>& se
     std::unique_ptr<Method> m;
     try {
       m = make_method(in.text);
+      if (cfg.data.capture) m->check_head_dim(cfg.data.capture->head_dim);
       for (const TilesSource& t : cfg.data.tiles) m->check_head_dim(t.head_dim);
     } catch (const Error& e) {
       c.fail_at(in.node, in.key, e.what());
@@ -798,7 +1129,9 @@ SweepConfig load_config(const fs::path& path, const std::vector<std::string>& se
     cs.name = m->name();
     cs.spec = spec;
     cs.family = m->family();
-    cs.bits_per_element = m->accounting(cfg.data.tiles.front().head_dim).bits_per_element();
+    cs.bits_per_element = m->accounting(cfg.data.capture ? cfg.data.capture->head_dim
+                                                         : cfg.data.tiles.front().head_dim)
+                              .bits_per_element();
     cfg.cases.push_back(cs);
   }
 
@@ -834,16 +1167,18 @@ SweepConfig load_config(const fs::path& path, const std::vector<std::string>& se
   }
   // What determines results, and nothing else (no output path, no report flag): its hash names
   // the run directory, so moving the output or re-running elsewhere resumes the same run.
+  json resolved_data = {{"source", cfg.data.source},
+                        {"tiles", tiles},
+                        {"sequences", selection_json(cfg.data.sequences)},
+                        {"layers", selection_json(cfg.data.layers)},
+                        {"kv_heads", selection_json(cfg.data.kv_heads)},
+                        {"max_tokens", cfg.data.max_tokens}};
+  // Only configs with a capture get the key, so tile-only run hashes (the golden) do not change.
+  if (cfg.data.capture) resolved_data["capture"] = cfg.data.capture->resolved;
   cfg.resolved = {
       {"schema_version", kConfigSchemaVersion},
       {"name", cfg.name},
-      {"data",
-       {{"source", cfg.data.source},
-        {"tiles", tiles},
-        {"sequences", selection_json(cfg.data.sequences)},
-        {"layers", selection_json(cfg.data.layers)},
-        {"kv_heads", selection_json(cfg.data.kv_heads)},
-        {"max_tokens", cfg.data.max_tokens}}},
+      {"data", resolved_data},
       {"cases", cases},
       {"metrics",
        {{"reconstruction", cfg.metrics.reconstruction},
@@ -858,6 +1193,8 @@ SweepConfig load_config(const fs::path& path, const std::vector<std::string>& se
                             ? json(nullptr)
                             : json(file_fingerprint(cfg.throughput_resolved))}}},
       {"seed", cfg.seed}};
+  // Only a non-default device enters the hash, so cpu configs keep older runs' hash.
+  if (cfg.metrics.device != "cpu") cfg.resolved["metrics"]["device"] = cfg.metrics.device;
   cfg.hash = sha256_hex(cfg.resolved.dump());
   return cfg;
 }
@@ -865,6 +1202,41 @@ SweepConfig load_config(const fs::path& path, const std::vector<std::string>& se
 SweepEstimate estimate_sweep(const SweepConfig& cfg) {
   SweepEstimate e;
   double per_case_seconds = 0, per_case_bytes = 0;
+  // One sequence of one data file: `slabs` (layer, KV head) pairs of `tok` tokens each.
+  auto add_sequence = [&](double slabs, double tok, double q_per_kv, bool has_q, int head_dim) {
+    if (cfg.data.max_tokens > 0) tok = std::min<double>(tok, cfg.data.max_tokens);
+    e.slabs += static_cast<std::int64_t>(slabs);
+    e.tokens += static_cast<std::int64_t>(slabs * tok);
+    if (cfg.metrics.reconstruction) per_case_seconds += slabs * tok * kReconSecondsPerToken;
+    if (cfg.metrics.attention && has_q) {
+      const double passes = 1.0 + static_cast<double>(cfg.metrics.outlier_percents.size());
+      per_case_seconds += slabs * q_per_kv * passes * tok * tok * kAttentionSecondsPerTokenPair *
+                          (head_dim / 128.0);
+    }
+    per_case_bytes += slabs * (kCaseJsonBytesPerSlab + kSummaryBytesPerSlab);
+    if (cfg.metrics.arrays) per_case_bytes += slabs * tok * kArrayBytesPerToken;
+  };
+  if (const auto& cap = cfg.data.capture) {
+    const int n = static_cast<int>(cap->sequence_tokens.size());
+    const std::vector<int> seqs = cfg.data.sequences.value_or(std::vector<int>());
+    const double layers =
+        cfg.data.layers ? static_cast<double>(cfg.data.layers->size()) : cap->captured_layers;
+    const double heads =
+        cfg.data.kv_heads ? static_cast<double>(cfg.data.kv_heads->size()) : cap->num_kv_heads;
+    for (int s = 0; s < n; ++s) {
+      const double tok = cap->sequence_tokens[static_cast<std::size_t>(s)];
+      // The capture: prompt prefill, one decode step per generated token, one capture prefill.
+      e.capture_seconds += cap->weight_bytes *
+                           (2.0 * tok * kAccumulationSecondsPerTokenByte +
+                            std::min<double>(cap->generate, tok) * kAccumulationSecondsPerStepByte);
+      e.capture_bytes += tok * cap->captured_layers * cap->head_dim * 2.0 *
+                         (3.0 * cap->num_kv_heads + cap->captured_q_heads);
+      if (cfg.data.sequences && std::find(seqs.begin(), seqs.end(), s) == seqs.end()) continue;
+      add_sequence(layers * heads, tok,
+                   static_cast<double>(cap->captured_q_heads) / std::max(1, cap->num_kv_heads),
+                   cap->captured_q_heads > 0, cap->head_dim);
+    }
+  }
   for (const TilesSource& t : cfg.data.tiles) {
     TileReader r(t.resolved);
     const int layers = cfg.data.layers ? static_cast<int>(cfg.data.layers->size())
@@ -879,22 +1251,10 @@ SweepEstimate estimate_sweep(const SweepConfig& cfg) {
     }
     for (int s : seqs) {
       const SequenceInfo& si = r.sequence(s);
-      double tok = si.num_tokens;
-      if (cfg.data.max_tokens > 0) tok = std::min<double>(tok, cfg.data.max_tokens);
-      const double slabs = static_cast<double>(layers) * heads;
       // Captured query heads per KV head (captures may hold a subset of the model's).
-      const double q_per_kv =
-          static_cast<double>(si.q_heads.size()) / std::max(1, r.info().num_kv_heads);
-      e.slabs += static_cast<std::int64_t>(slabs);
-      e.tokens += static_cast<std::int64_t>(slabs * tok);
-      if (cfg.metrics.reconstruction) per_case_seconds += slabs * tok * kReconSecondsPerToken;
-      if (cfg.metrics.attention && si.has_q) {
-        const double passes = 1.0 + static_cast<double>(cfg.metrics.outlier_percents.size());
-        per_case_seconds += slabs * q_per_kv * passes * tok * tok * kAttentionSecondsPerTokenPair *
-                            (t.head_dim / 128.0);
-      }
-      per_case_bytes += slabs * (kCaseJsonBytesPerSlab + kSummaryBytesPerSlab);
-      if (cfg.metrics.arrays) per_case_bytes += slabs * tok * kArrayBytesPerToken;
+      add_sequence(static_cast<double>(layers) * heads, si.num_tokens,
+                   static_cast<double>(si.q_heads.size()) / std::max(1, r.info().num_kv_heads),
+                   si.has_q, t.head_dim);
     }
   }
   const AccumulationSettings& a = cfg.accumulation;
@@ -909,8 +1269,8 @@ SweepEstimate estimate_sweep(const SweepConfig& cfg) {
                            steps * a.decode_steps * kAccumulationSecondsPerStepByte);
     }
   }
-  e.seconds = per_case_seconds * static_cast<double>(cfg.cases.size());
-  e.bytes = per_case_bytes * static_cast<double>(cfg.cases.size());
+  e.seconds = per_case_seconds * static_cast<double>(cfg.cases.size()) + e.capture_seconds;
+  e.bytes = per_case_bytes * static_cast<double>(cfg.cases.size()) + e.capture_bytes;
   return e;
 }
 

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "accumulation_case.hpp"
+#include "capture_step.hpp"
 #include "kvarn/core/kvarn.hpp"
 #include "kvarn/core/registry.hpp"
 #include "kvarn/data/atomic_file.hpp"
@@ -266,6 +267,7 @@ json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& ar
   aopts.topk = ms.topk;
   aopts.outlier_percents = ms.outlier_percents;
   aopts.per_position = ms.arrays;
+  aopts.device = ms.device == "cuda" ? AttentionDevice::kCuda : AttentionDevice::kCpu;
 
   json slabs = json::array(), attention = json::array(), accounting = json::object();
   std::vector<DataPart> parts(cfg.data.tiles.size());
@@ -567,21 +569,6 @@ SweepResult run_sweep(const SweepConfig& cfg, const SweepOptions& opts) {
     });
   }
 
-  // Provenance of this invocation; each case names the record it was computed under.
-  json seeds = {{"config_seed", cfg.seed}};
-  const json prov =
-      collect_provenance({{"command", opts.command},
-                          {"config", cfg.config_path.string()},
-                          {"sets", cfg.sets},
-                          {"config_hash", cfg.hash},
-                          {"seeds", seeds},
-                          {"shard", {{"index", opts.shard_index}, {"count", opts.shard_count}}},
-                          {"kvarn_eval_version", "0.1.0"}});
-  const std::string prov_text = prov.dump(2) + "\n";
-  const std::string digest = sha256_hex(prov_text).substr(0, 16);
-  write_text_atomically(res.run_dir / "provenance" / (digest + ".json"), prov_text);
-  write_text_atomically(res.run_dir / "provenance.json", prov_text);
-
   std::vector<const CaseSpec*> pending;
   for (const CaseSpec* c : todo) {
     if (store.case_done(c->id, c->spec, cfg.metrics.arrays)) {
@@ -590,6 +577,40 @@ SweepResult run_sweep(const SweepConfig& cfg, const SweepOptions& opts) {
       pending.push_back(c);
     }
   }
+
+  // data.capture: the captured file joins the data files (first) before any case reads it.
+  SweepConfig captured_cfg;
+  const SweepConfig* run_cfg = &cfg;
+  json capture_prov;
+  if (cfg.data.capture) {
+    const bool any_finished = std::any_of(
+        cfg.cases.begin(), cfg.cases.end(),
+        [&](const CaseSpec& c) { return store.case_done(c.id, c.spec, cfg.metrics.arrays); });
+    const CaptureStep step =
+        prepare_capture(cfg, res.run_dir, !pending.empty(), any_finished, opts.command, opts.log);
+    capture_prov = step.provenance;
+    if (step.available) {
+      captured_cfg = cfg;
+      captured_cfg.data.tiles.insert(captured_cfg.data.tiles.begin(), step.tiles);
+      run_cfg = &captured_cfg;
+    }
+  }
+
+  // Provenance of this invocation; each case names the record it was computed under.
+  json seeds = {{"config_seed", cfg.seed}};
+  json prov_extra = {{"command", opts.command},
+                     {"config", cfg.config_path.string()},
+                     {"sets", cfg.sets},
+                     {"config_hash", cfg.hash},
+                     {"seeds", seeds},
+                     {"shard", {{"index", opts.shard_index}, {"count", opts.shard_count}}},
+                     {"kvarn_eval_version", "0.1.0"}};
+  if (cfg.data.capture) prov_extra["capture"] = capture_prov;
+  const json prov = collect_provenance(prov_extra);
+  const std::string prov_text = prov.dump(2) + "\n";
+  const std::string digest = sha256_hex(prov_text).substr(0, 16);
+  write_text_atomically(res.run_dir / "provenance" / (digest + ".json"), prov_text);
+  write_text_atomically(res.run_dir / "provenance.json", prov_text);
   std::fprintf(opts.log, "run directory: %s (%d cases, %d to compute, %d already finished)\n",
                res.run_dir.string().c_str(), res.selected, static_cast<int>(pending.size()),
                res.resumed);
@@ -601,7 +622,8 @@ SweepResult run_sweep(const SweepConfig& cfg, const SweepOptions& opts) {
     progress.start_case(label);
     const auto t0 = std::chrono::steady_clock::now();
     const std::string started = utc_timestamp();
-    json record = compute_case(cfg, *c, cfg.metrics.arrays ? store.arrays_path(c->id) : fs::path());
+    json record =
+        compute_case(*run_cfg, *c, cfg.metrics.arrays ? store.arrays_path(c->id) : fs::path());
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     record["timing"] = {{"seconds", secs}, {"started", started}, {"finished", utc_timestamp()}};

@@ -11,6 +11,10 @@
 #include "kvarn/sweeps/engine.hpp"
 #include "sweep_test_util.hpp"
 
+#if KVARN_HAVE_RUNNER
+#include "kvarn/eval/tokenizer.hpp"
+#endif
+
 namespace kvarn {
 namespace {
 
@@ -22,6 +26,18 @@ namespace fs = std::filesystem;
 
 fs::path fixture_model() {
   return fs::path(KVARN_SOURCE_DIR) / "data" / "models" / "fixture-qwen3-h128";
+}
+
+// Runs a sweep without a report or log output.
+SweepResult run_quietly(const SweepConfig& cfg) {
+  std::FILE* devnull = std::fopen("/dev/null", "w");
+  SweepOptions o;
+  o.report = false;
+  o.log = devnull;
+  o.progress_tty = 0;
+  SweepResult r = run_sweep(cfg, o);
+  std::fclose(devnull);
+  return r;
 }
 
 class AccumulationSweep : public TempDirTest {
@@ -52,13 +68,7 @@ TEST_F(AccumulationSweep, RunsAndWritesArraysAndRows) {
   ASSERT_TRUE(cfg.accumulation.enabled);
   EXPECT_EQ(cfg.accumulation.prompt_ids, std::vector<std::string>{"prose-lighthouse"});
   EXPECT_EQ(cfg.resolved["accumulation"]["context"], 48);
-  std::FILE* devnull = std::fopen("/dev/null", "w");
-  SweepOptions o;
-  o.report = false;
-  o.log = devnull;
-  o.progress_tty = 0;
-  const SweepResult r = run_sweep(cfg, o);
-  std::fclose(devnull);
+  const SweepResult r = run_quietly(cfg);
   ASSERT_EQ(r.finished, 2);
 
   std::map<std::string, std::map<std::string, double>> by_method;  // family -> metric -> value
@@ -101,6 +111,53 @@ TEST_F(AccumulationSweep, RunsAndWritesArraysAndRows) {
     EXPECT_EQ(len("decode/greedy/tokens"), 1u);  // one prompt
     EXPECT_EQ(len("accumulation_models/fixture-qwen3-h128/decode/kl"), 6u);
   }
+}
+
+// Token-id prompts (for builds without a tokenizer, e.g. the GPU image) give exactly the text
+// prompt's results when the ids are its tokenization; bad ids fail naming the prompt.
+TEST_F(AccumulationSweep, TokenIdPromptsMatchTheirText) {
+  if (!fs::exists(fixture_model() / "model.safetensors")) GTEST_SKIP() << "fixture model absent";
+  if (!Tokenizer::available()) GTEST_SKIP() << "this build has no tokenizer (PCRE2)";
+  const std::string text = "The ferry left the harbour a little after six, while the street lamps";
+  json ids = Tokenizer::load(fixture_model() / "tokenizer.json")->encode(text, false);
+  const fs::path prompts = dir_ / "prompts.jsonl";
+  write_file(prompts, json{{"id", "t"}, {"text", text}}.dump() + "\n" +
+                          json{{"id", "i"}, {"token_ids", ids}}.dump() + "\n");
+  auto with_prompts = [&](const std::string& id) {  // block() with prompts.jsonl and one id
+    std::string b = block("  prompt_ids: [" + id + "]\n");
+    const std::size_t at = b.find("prompts: ");
+    return b.replace(at, b.find('\n', at) - at, "prompts: " + prompts.string());
+  };
+  auto run = [&](const std::string& id) {
+    const std::string b = with_prompts(id);
+    const SweepResult r =
+        run_quietly(load_config(small_config("  - kivi:bits=2,group=8,residual=8\n", b, id)));
+    std::map<std::string, double> m;
+    std::istringstream lines(slurp_file(r.run_dir / "summary.jsonl"));
+    for (std::string line; std::getline(lines, line);) {
+      const json row = json::parse(line);
+      if (row["scope"] == "accumulation" || row["scope"] == "decode") {
+        m[row["metric"].get<std::string>() + "@" + row["layer"].dump()] =
+            row["value"].is_number() ? row["value"].get<double>() : -1.0;
+      }
+    }
+    return m;
+  };
+  const auto from_text = run("t"), from_ids = run("i");
+  ASSERT_GT(from_text.count("accumulation.mae_accumulated.final@\"all\""), 0u);
+  EXPECT_GT(from_text.at("accumulation.mae_accumulated.final@\"all\""), 0.0);
+  EXPECT_EQ(from_text, from_ids);
+
+  const std::string big = json{{"id", "big"}, {"token_ids", {1, 99999}}}.dump() + "\n";
+  write_file(prompts, big + json{{"id", "none"}, {"tokens", {1, 2}}}.dump() + "\n");
+  const std::string b = with_prompts("big");
+  EXPECT_NE(error_of(b).find("prompts.jsonl:2: expected a JSON object with a string id and either"),
+            std::string::npos)
+      << error_of(b);
+  write_file(prompts, big);
+  EXPECT_NE(error_of(b).find("prompt 'big': token id 99999 >= fixture-qwen3-h128's vocab_size"),
+            std::string::npos)
+      << error_of(b);
 }
 
 TEST_F(AccumulationSweep, BadBlocksFailWithLocation) {

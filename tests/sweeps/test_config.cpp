@@ -133,19 +133,19 @@ TEST_F(ConfigTest, BadTypesFilesGridsAndMethods) {
 
 TEST_F(ConfigTest, CaptureNeedsFallbackAndAccumulationNeedsAModel) {
   const std::string cap =
-      "version: 1\nname: t\ndata:\n  capture: {model: Qwen/Qwen3-8B}\n"
+      "version: 1\nname: t\ndata:\n  capture: {model: Qwen/Qwen3-8B, prompts: p.jsonl}\n"
       "methods: [fp16]\n";
-  EXPECT_NE(error_of(cap).find("data.capture needs `kvarn-eval capture` (not yet available)"),
+  EXPECT_NE(error_of(cap).find("key 'data.capture.model': 'Qwen/Qwen3-8B' is not a local"),
             std::string::npos);
   write_file(dir_ / "fb.yaml",
-             "version: 1\nname: aime\ndata:\n  capture: {model: Qwen/Qwen3-8B}\n"
+             "version: 1\nname: aime\ndata:\n  capture: {model: Qwen/Qwen3-8B, prompts: p.jsonl}\n"
              "  fallback: {tiles: " +
                  sample_tiles().string() + ", max_tokens: 64}\nmethods: [fp16]\n");
   const SweepConfig c = load_config(dir_ / "fb.yaml");
   EXPECT_EQ(c.data.source, "fallback");
   EXPECT_EQ(c.data.max_tokens, 64);
   ASSERT_FALSE(c.notices.empty());
-  EXPECT_NE(c.notices[0].find("aime: capture not available / model not supplied"),
+  EXPECT_NE(c.notices[0].find("aime: data.capture.model 'Qwen/Qwen3-8B' is not a local"),
             std::string::npos);
 #if KVARN_HAVE_RUNNER
   // Enabled accumulation needs a model (test_accumulation_sweep.cpp checks the rest).

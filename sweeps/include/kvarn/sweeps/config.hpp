@@ -18,6 +18,8 @@
 namespace kvarn {
 
 inline constexpr int kConfigSchemaVersion = 1;
+// Where the engine writes a `data.capture`, relative to the run directory.
+inline constexpr const char* kCaptureFile = "data/capture.h5";
 
 // One HDF5 tile file (kvarn-tiles v1).
 struct TilesSource {
@@ -28,11 +30,39 @@ struct TilesSource {
   int head_dim = 0;
 };
 
+// `data.capture` (or `data.fallback.capture`) with a local checkpoint: the engine captures real KV
+// with kvarn::run_capture into <run_dir>/data/capture.h5 before the cases run (sweeps/src/
+// capture_step.cpp). Everything here was checked against the checkpoint at load time.
+struct CaptureSpec {
+  std::string key;                       // "data.capture" or "data.fallback.capture"
+  std::string model;                     // as written
+  std::filesystem::path model_resolved;  // checkpoint directory (has config.json)
+  std::string name;                      // the `data` label of its results (directory name)
+  std::string prompts;                   // JSONL as written
+  std::filesystem::path prompts_resolved;
+  std::vector<std::string> prompt_ids;  // empty: every prompt, in file order
+  int generate = 0, max_tokens = 0;
+  bool ignore_eos = false, chat = false;
+  std::string layers = "all", kv_heads = "all", query_heads = "all";  // capture's index lists
+  std::string device = "cpu";
+  int threads = 0;  // CPU intra-op threads (0: torch's default); not part of the hash
+  // From the checkpoint and the prompts (validate's estimate, index and head_dim checks).
+  int head_dim = 0, num_layers = 0, num_kv_heads = 0, num_q_heads = 0;
+  int captured_layers = 0, captured_q_heads = 0;
+  std::vector<int> sequence_tokens;  // per captured sequence (prompt + generated, capped)
+  double weight_bytes = 0;
+  // Canonical spec (model and prompt fingerprints included): part of the run hash and recorded
+  // in the capture file, which is reused only when its recorded spec hash matches.
+  nlohmann::json resolved;
+  std::string hash;  // sha256_hex(resolved.dump())
+};
+
 struct DataSelection {
   std::vector<TilesSource> tiles;
+  std::optional<CaptureSpec> capture;  // captured at run time, measured before `tiles`
   std::optional<std::vector<int>> sequences, layers, kv_heads;  // nullopt: all
   int max_tokens = 0;                                           // 0: every token
-  std::string source = "tiles";                                 // "tiles" or "fallback"
+  std::string source = "tiles";                                 // "tiles", "capture" or "fallback"
 };
 
 // One resolved case: a method the registry builds.
@@ -51,7 +81,8 @@ struct MetricsSelection {
   bool attention = true;
   std::vector<double> outlier_percents = {0.1, 1.0, 5.0};
   std::vector<int> topk = {1, 8, 32};
-  bool arrays = true;  // per-position / per-channel arrays in arrays/<case>.h5
+  bool arrays = true;          // per-position / per-channel arrays in arrays/<case>.h5
+  std::string device = "cpu";  // attention metrics on "cpu" or "cuda" (kvarn_cuda)
 };
 
 // `accumulation:` (docs/config-schema.md): the model runner with each case's method in the loop.
@@ -60,7 +91,7 @@ struct AccumulationModel {
   std::filesystem::path resolved;  // checkpoint directory
   std::string name;                // directory name, the `data` of its summary rows
   std::string fingerprint;         // of model.safetensors (or config.json when sharded)
-  int head_dim = 0, num_layers = 0;
+  int head_dim = 0, num_layers = 0, vocab_size = 0;
   double weight_bytes = 0;  // safetensors bytes (the estimate's size proxy)
 };
 
@@ -70,7 +101,8 @@ struct AccumulationSettings {
   std::string prompts;  // JSONL file as written
   std::filesystem::path prompts_resolved;
   std::vector<std::string> prompt_ids;    // resolved (default: the file's first prompt)
-  std::vector<std::string> prompt_texts;  // same order
+  std::vector<std::string> prompt_texts;  // same order ("" for a token-id prompt)
+  std::vector<std::vector<std::int32_t>> prompt_token_ids;  // same order; empty: a text prompt
   int block = 32, context = 512, decode_steps = 64;
   bool pseudo_decode = true, teacher_forced = true, free_running = true;
   double temperature = 0.6, top_p = 0.95;  // sampled free-running run (temperature 0: none)
@@ -109,8 +141,9 @@ SweepConfig load_config(const std::filesystem::path& path,
 struct SweepEstimate {
   std::int64_t slabs = 0;   // (tiles, sequence, layer, KV head) per case
   std::int64_t tokens = 0;  // tokens over those slabs, per case
-  double seconds = 0;       // whole sweep, one core
-  double bytes = 0;         // run directory
+  double seconds = 0;       // whole sweep, one core (the capture step included)
+  double bytes = 0;         // run directory (the capture file included)
+  double capture_seconds = 0, capture_bytes = 0;  // the data.capture step alone (0: none)
 };
 SweepEstimate estimate_sweep(const SweepConfig& cfg);
 

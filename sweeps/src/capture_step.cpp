@@ -1,0 +1,144 @@
+// `data.capture` in the engine: make or reuse <run_dir>/data/capture.h5 (capture_step.hpp).
+#include "capture_step.hpp"
+
+#include <chrono>
+
+#include "kvarn/data/error.hpp"
+#include "kvarn/data/tile_file.hpp"
+#include "kvarn/sweeps/provenance.hpp"
+#if KVARN_HAVE_RUNNER
+#include "kvarn/eval/capture.hpp"
+#endif
+
+namespace kvarn {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// "" when `file` is a readable capture of the spec hashed `hash`, else what is wrong with it.
+std::string capture_problem(const fs::path& file, const std::string& hash) {
+  try {
+    const TileReader r(file);
+    const json p = json::parse(r.info().provenance, nullptr, false);
+    if (p.is_discarded() || !p.is_object() || !p.contains("sweep") || !p["sweep"].is_object() ||
+        !p["sweep"].contains("spec_hash")) {
+      return "records no data.capture spec (not made by a sweep)";
+    }
+    const std::string got = p["sweep"]["spec_hash"].is_string()
+                                ? p["sweep"]["spec_hash"].get<std::string>()
+                                : std::string("?");
+    if (got != hash) {
+      return "was captured with another spec (hash " + got.substr(0, 12) + ", this config " +
+             hash.substr(0, 12) + ")";
+    }
+  } catch (const Error& e) {
+    return std::string("is unreadable (") + e.what() + ")";
+  }
+  return "";
+}
+
+#if KVARN_HAVE_RUNNER
+void run_capture_into(const SweepConfig& cfg, const fs::path& file, bool overwrite,
+                      const std::string& command, std::FILE* log) {
+  const CaptureSpec& cap = *cfg.data.capture;
+  CaptureOptions o;
+  o.model_dir = cap.model_resolved;
+  o.prompts = cap.prompts_resolved;
+  o.out = file;
+  o.ids = cap.prompt_ids;
+  o.layers = cap.layers;
+  o.kv_heads = cap.kv_heads;
+  o.query_heads = cap.query_heads;
+  o.max_tokens = cap.max_tokens;
+  o.generate = cap.generate;
+  o.ignore_eos = cap.ignore_eos;
+  o.chat = cap.chat;
+  o.device = cap.device;
+  o.num_threads = cap.threads;
+  o.force = overwrite;
+  o.model_name = cap.name;
+  const json build = collect_provenance({{"command", command}});
+  o.provenance = {
+      {"tool", "kvarn-eval sweep (" + cap.key + ")"},
+      {"git_commit", build.value("git_commit", json("unknown"))},
+      {"git_dirty", build.value("git_dirty", json(nullptr))},
+      {"command", command},
+      {"build", build},
+      {"sweep", {{"config", cfg.name}, {"spec", cap.resolved}, {"spec_hash", cap.hash}}}};
+  o.sha256_file = [](const fs::path& p) { return sha256_file_hex(p); };
+  o.log = [log](const std::string& line) {
+    std::fprintf(log, "[capture] %s\n", line.c_str());
+    std::fflush(log);
+  };
+  run_capture(o);
+}
+#endif
+
+}  // namespace
+
+CaptureStep prepare_capture(const SweepConfig& cfg, const fs::path& run_dir, bool needed,
+                            bool cases_finished, const std::string& command, std::FILE* log) {
+  KVARN_CHECK(cfg.data.capture.has_value(), "prepare_capture: the config has no data.capture");
+  const CaptureSpec& cap = *cfg.data.capture;
+  const fs::path file = run_dir / kCaptureFile;
+  CaptureStep step;
+  step.provenance = {
+      {"file", kCaptureFile}, {"key", cap.key}, {"spec_hash", cap.hash}, {"spec", cap.resolved}};
+  const bool exists = fs::exists(file);
+  std::string problem = exists ? capture_problem(file, cap.hash) : "does not exist";
+  if (!problem.empty()) {
+    if (!needed) {  // e.g. every case finished and the capture was deleted to save disk
+      step.provenance["status"] = "not made (no case to compute)";
+      return step;
+    }
+    // Finished cases were computed from the capture that was there: a new one could differ.
+    KVARN_CHECK(!cases_finished, file.string(), " ", problem,
+                ", but finished cases of this run were computed from the capture made for it; "
+                "start a new run directory (--fresh) instead of mixing captures");
+    if (exists)
+      std::fprintf(log, "%s %s: capturing again\n", file.string().c_str(), problem.c_str());
+    std::fprintf(log, "%s: capturing %s from %s into %s (%zu prompt(s), %d generated tokens)\n",
+                 cfg.name.c_str(), cap.key.c_str(), cap.model.c_str(), file.string().c_str(),
+                 cap.sequence_tokens.size(), cap.generate);
+    std::fflush(log);
+    fs::create_directories(file.parent_path());
+    const auto t0 = std::chrono::steady_clock::now();
+#if KVARN_HAVE_RUNNER
+    run_capture_into(cfg, file, exists, command, log);
+#else
+    (void)command;
+    fail(cap.key, ": this kvarn-eval was built without the libtorch model runner");
+#endif
+    step.provenance["status"] = "captured";
+    step.provenance["seconds"] =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    problem = capture_problem(file, cap.hash);
+    KVARN_CHECK(problem.empty(), file.string(), " ", problem, " right after the capture");
+  } else {
+    std::fprintf(log, "%s: reusing %s (a capture of %s, spec hash %s)\n", cfg.name.c_str(),
+                 file.string().c_str(), cap.key.c_str(), cap.hash.substr(0, 12).c_str());
+    step.provenance["status"] = "reused";
+  }
+  const TileReader r(file);
+  step.available = true;
+  step.tiles.path = kCaptureFile;
+  step.tiles.resolved = file;
+  step.tiles.name = cap.name;
+  step.tiles.head_dim = r.info().head_dim;
+  step.tiles.fingerprint = file_fingerprint(file);
+  std::vector<int> tokens;
+  for (int s = 0; s < r.num_sequences(); ++s) tokens.push_back(r.sequence(s).num_tokens);
+  const json made = json::parse(r.info().provenance, nullptr, false);
+  step.provenance["fingerprint"] = step.tiles.fingerprint;
+  step.provenance["bytes"] = fs::file_size(file);
+  step.provenance["sequences"] = r.num_sequences();
+  step.provenance["num_tokens"] = tokens;
+  step.provenance["created"] = made.value("created", json(nullptr));
+  step.provenance["checks"] = made.value("checks", json(nullptr));
+  step.provenance["generation"] = made.value("generation", json(nullptr));
+  return step;
+}
+
+}  // namespace kvarn
