@@ -35,7 +35,10 @@ def build_report(run_dir: str, out_dir: Optional[str] = None, quiet: bool = Fals
         ("main.html", tables.to_html(table)),
         ("main.tex", tables.to_latex(table, caption)),
         ("all_metrics.md", tables.all_metrics_markdown(run)),
+        ("accumulation.md", tables.accumulation_markdown(run)),
     ):
+        if not text:  # no accumulation block in this run
+            continue
         p = os.path.join(tab_dir, name)
         with open(p, "w", encoding="utf-8") as fh:
             fh.write(text)

@@ -4,7 +4,7 @@ is absent, so any subset of the run directory still produces a report."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -33,6 +33,7 @@ class Figure:
     caption: str
     png: str  # path relative to the report directory
     pdf: str
+    panels: List[str] = field(default_factory=list)  # titles of per-model panels, if any
 
 
 def stage_metric(run: RunData, stream: str, stage: str) -> Optional[str]:
@@ -338,42 +339,72 @@ def _method_series(run: RunData, x_name: str, y_names: Sequence[str]):
     return out
 
 
+def _model_panels(run: RunData, x_name: str, y_names: Sequence[str]):
+    """[(panel title, series)]: one panel per model of the accumulation block (its arrays under
+    `accumulation_models/<name>/`), in config order; a run without per-model groups gives one
+    untitled panel of the root arrays.  Models without any of the arrays get no panel."""
+    panels = []
+    for name, head_dim in run.accumulation_models():
+        pre = f"accumulation_models/{name}/"
+        series = _method_series(run, pre + x_name, [pre + y for y in y_names])
+        if series:
+            panels.append((name + (f" (head_dim {head_dim})" if head_dim else ""), series))
+    if not panels:
+        series = _method_series(run, x_name, y_names)
+        if series:
+            panels.append(("", series))
+    return panels
+
+
+def _panel_grid(n: int, height: float):
+    fig, axes = plt.subplots(n, 1, figsize=(8.5, height * n), squeeze=False)
+    return fig, [row[0] for row in axes]
+
+
+def _panel_note(panels) -> str:
+    titles = [t for t, _ in panels if t]
+    return f" One panel per model: {'; '.join(titles)}." if titles else ""
+
+
 def fig_context(run: RunData, styles, out_dir: str) -> Optional[Figure]:
-    series = _method_series(run, "accumulation/context_len",
-                            ["accumulation/mae_static", "accumulation/mae_accumulated"])
-    if not series:
+    panels = _model_panels(run, "accumulation/context_len", ["accumulation/mae_static", "accumulation/mae_accumulated"])
+    if not panels:
         run.notes.append("Figure 'error vs context length' skipped: no accumulation/context_len with "
                          "accumulation/mae_static or mae_accumulated arrays in arrays/*.h5.")
         return None
-    fig, ax = plt.subplots(figsize=(8.5, 5.0))
-    allx, ally = [], []
-    for k, x, (ys, ya) in series:
-        st = styles[k]
-        for y, ls in ((ys, "-"), (ya, "--")):
-            if y is None:
-                continue
-            m = np.isfinite(y) & (y > 0)
-            ax.plot(x[m], y[m], linestyle=ls, color=st["color"], marker=st["marker"], markersize=4, linewidth=1.5)
-            allx += list(x[m])
-            ally += list(y[m])
-    if ally:
-        ax.set_yscale("log")
-    if allx and max(allx) / max(min(allx), 1) >= 8:
-        ax.set_xscale("log", base=2)
-    ax.set_xlabel("Context length (tokens)")
-    ax.set_ylabel("Attention output MAE vs. FP16 (log scale)")
-    ax.set_title("Error against context length: static vs. accumulated quantization")
+    fig, axes = _panel_grid(len(panels), 5.0 if len(panels) == 1 else 4.2)
+    drawn = {}  # method -> its series over all panels (for the "(= 0)" legend label)
+    for ax, (title, series) in zip(axes, panels):
+        allx, ally = [], []
+        for k, x, (ys, ya) in series:
+            st = styles[k]
+            drawn.setdefault(k, []).extend(y for y in (ys, ya) if y is not None)
+            for y, ls in ((ys, "-"), (ya, "--")):
+                if y is None:
+                    continue
+                m = np.isfinite(y) & (y > 0)
+                ax.plot(x[m], y[m], linestyle=ls, color=st["color"], marker=st["marker"], markersize=4, linewidth=1.5)
+                allx += list(x[m])
+                ally += list(y[m])
+        if ally:
+            ax.set_yscale("log")
+        if allx and max(allx) / max(min(allx), 1) >= 8:
+            ax.set_xscale("log", base=2)
+        ax.set_xlabel("Context length (tokens)")
+        ax.set_ylabel("Attention output MAE vs. FP16 (log scale)")
+        ax.set_title(title or "Error against context length: static vs. accumulated quantization")
+
     def lab(k, ys):
-        vals = np.concatenate([y[np.isfinite(y)] for y in ys if y is not None] or [np.zeros(0)])
+        vals = np.concatenate([y[np.isfinite(y)] for y in ys] or [np.zeros(0)])
         return k.label + (" (= 0, not drawn)" if vals.size and not np.any(vals > 0) else "")
 
     mh = [Line2D([], [], color=styles[k]["color"], marker=styles[k]["marker"], label=lab(k, ys))
-          for k, _, ys in series]
+          for k, ys in sorted(drawn.items(), key=lambda kv: run.methods.index(kv[0]))]
     sh = [Line2D([], [], color="0.3", linestyle="-", label="static (quantized once)"),
           Line2D([], [], color="0.3", linestyle="--", label="accumulated (pseudo-decode)")]
-    leg = ax.legend(handles=mh, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="Method")
-    ax.add_artist(leg)
-    ax.legend(handles=sh, loc="lower left", bbox_to_anchor=(1.01, 0.0), frameon=False, title="Line style")
+    leg = axes[0].legend(handles=mh, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="Method")
+    axes[0].add_artist(leg)
+    axes[-1].legend(handles=sh, loc="lower left", bbox_to_anchor=(1.01, 0.0), frameon=False, title="Line style")
     fig.tight_layout()
     style.save(fig, out_dir, "context_error")
     return Figure(
@@ -383,9 +414,10 @@ def fig_context(run: RunData, styles, out_dir: str) -> Optional[Figure]:
         "(x: tokens in the cache, log₂ scale when it spans a wide range; y: log scale). Solid lines "
         "quantize the whole context at once (static); dashed lines append tokens one chunk at a time "
         "as a decoder would, so the error that the streaming cache accumulates shows as the gap "
-        "between a method's two lines. Lower is better.",
+        "between a method's two lines. Lower is better." + _panel_note(panels),
         "figures/context_error.png",
         "figures/context_error.pdf",
+        [t for t, _ in panels if t],
     )
 
 
@@ -401,30 +433,32 @@ def _smooth(y: np.ndarray, w: int) -> np.ndarray:
 
 
 def fig_decode(run: RunData, styles, out_dir: str) -> Optional[Figure]:
-    series = _method_series(run, "decode/step", ["decode/kl"])
-    series = [(k, x, ys) for k, x, ys in series if ys[0] is not None]
-    if not series:
+    panels = [(t, [(k, x, ys) for k, x, ys in s if ys[0] is not None])
+              for t, s in _model_panels(run, "decode/step", ["decode/kl"])]
+    panels = [(t, s) for t, s in panels if s]
+    if not panels:
         run.notes.append("Figure 'KL vs decode step' skipped: no decode/step and decode/kl arrays in arrays/*.h5.")
         return None
-    fig, ax = plt.subplots(figsize=(8.5, 4.8))
+    fig, axes = _panel_grid(len(panels), 4.8 if len(panels) == 1 else 4.0)
     smoothed = False
-    for k, x, (y,) in series:
-        st = styles[k]
-        y = np.where(np.isfinite(y), y, np.nan)
-        if not np.any(y > 0):  # exactly zero (the FP16 reference): nothing to draw on a log axis
-            ax.plot([], [], color=st["color"], linewidth=1.6, label=k.label + " (= 0, not drawn)")
-            continue
-        w = max(1, len(y) // 60) if len(y) > 200 else 1
-        if w > 1:
-            smoothed = True
-            ax.plot(x, y, color=st["color"], alpha=0.18, linewidth=0.6)
-        ax.plot(x, _smooth(np.nan_to_num(y, nan=0.0), w), color=st["color"], linewidth=1.6, label=k.label)
-    if any(np.any(y[0] > 0) for _, _, y in series):
-        ax.set_yscale("log")
-    ax.set_xlabel("Decode step (generated tokens)")
-    ax.set_ylabel("Next-token KL(FP16 ‖ method) (nats, log scale)")
-    ax.set_title("Divergence from the FP16 reference during decoding")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="Method")
+    for ax, (title, series) in zip(axes, panels):
+        for k, x, (y,) in series:
+            st = styles[k]
+            y = np.where(np.isfinite(y), y, np.nan)
+            if not np.any(y > 0):  # exactly zero (the FP16 reference): nothing to draw on a log axis
+                ax.plot([], [], color=st["color"], linewidth=1.6, label=k.label + " (= 0, not drawn)")
+                continue
+            w = max(1, len(y) // 60) if len(y) > 200 else 1
+            if w > 1:
+                smoothed = True
+                ax.plot(x, y, color=st["color"], alpha=0.18, linewidth=0.6)
+            ax.plot(x, _smooth(np.nan_to_num(y, nan=0.0), w), color=st["color"], linewidth=1.6, label=k.label)
+        if any(np.any(y[0] > 0) for _, _, y in series):
+            ax.set_yscale("log")
+        ax.set_xlabel("Decode step (generated tokens)")
+        ax.set_ylabel("Next-token KL(FP16 ‖ method) (nats, log scale)")
+        ax.set_title(title or "Divergence from the FP16 reference during decoding")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="Method")
     fig.tight_layout()
     style.save(fig, out_dir, "decode_kl")
     return Figure(
@@ -435,9 +469,11 @@ def fig_decode(run: RunData, styles, out_dir: str) -> Optional[Figure]:
         "run's greedy tokens after the pseudo-decoded context, so the quantized cache keeps growing "
         "(docs/metrics.md §5). A curve that rises with the step shows error building up over a long "
         "generation; lower is better."
-        + (" Long series are shown as a moving average (bold) over the raw values (faint)." if smoothed else ""),
+        + (" Long series are shown as a moving average (bold) over the raw values (faint)." if smoothed else "")
+        + _panel_note(panels),
         "figures/decode_kl.png",
         "figures/decode_kl.pdf",
+        [t for t, _ in panels if t],
     )
 
 

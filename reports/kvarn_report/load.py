@@ -22,6 +22,9 @@ try:  # h5py is optional at import time: without it, arrays are skipped with a n
 except Exception:  # pragma: no cover - depends on the environment
     h5py = None
 
+# Summary scopes of the error-accumulation rows, whose `data` names the model.
+ACCUMULATION_SCOPES = ("accumulation", "decode")
+
 # Display order of families; unknown families come after these, alphabetically.
 FAMILY_ORDER = ["fp16", "fp8", "kivi", "quarot", "turboquant", "rtn", "varn", "kvarn"]
 
@@ -86,6 +89,7 @@ class Row:
     layer: int
     head: int
     value: float
+    data: str = ""  # the tiles or, for accumulation/decode rows, the model the row is about
 
 
 @dataclass
@@ -108,14 +112,15 @@ class RunData:
     def has_metric(self, metric: str) -> bool:
         return any(r.metric == metric for r in self.rows)
 
-    def value(self, key: MethodKey, metric: str) -> float:
-        """Aggregate value of `metric` for one method.
+    def value(self, key: MethodKey, metric: str, data: Optional[str] = None) -> float:
+        """Aggregate value of `metric` for one method (of one `data`, e.g. a model, when given).
 
         Rows for the whole cache (layer == -1 and head == -1) are preferred; without them the
         per-layer/head rows are averaged.  Several cases of the same method (data tiles, seeds)
         are averaged.  NaN when nothing defined exists.
         """
-        rows = [r for r in self.rows if r.metric == metric and self.case_method.get(r.case_id) == key]
+        rows = [r for r in self.rows if r.metric == metric and self.case_method.get(r.case_id) == key
+                and (data is None or r.data == data)]
         if not rows:
             return math.nan
         whole = [r.value for r in rows if r.layer < 0 and r.head < 0 and not math.isnan(r.value)]
@@ -153,6 +158,30 @@ class RunData:
 
     def cases_of(self, key: MethodKey) -> List[str]:
         return sorted(c for c, k in self.case_method.items() if k == key)
+
+    # ------------------------------------------------------------------ accumulation models
+    def accumulation_models(self) -> List[Tuple[str, Optional[int]]]:
+        """(name, head_dim) of every model of the run's error-accumulation block, in config order.
+
+        Names come from resolved.json, the summary rows of the accumulation/decode scopes and the
+        arrays' `accumulation_models/<name>` groups; head_dim from the cases' records (None when
+        no record has it).  Empty for a run without per-model accumulation data.
+        """
+        block = self.resolved.get("accumulation") if isinstance(self.resolved, dict) else None
+        listed = block.get("models") if isinstance(block, dict) else None
+        names = list(dict.fromkeys(str(m["name"]) for m in listed or [] if isinstance(m, dict) and m.get("name")))
+        extra = {r.data for r in self.rows if r.scope in ACCUMULATION_SCOPES and r.data}
+        for c in sorted(self.case_method):
+            a = self.arrays(c) or {}
+            extra |= {k.split("/")[1] for k in a if k.startswith("accumulation_models/") and k.count("/") >= 2}
+        names += sorted(extra - set(names))
+        dims: Dict[str, int] = {}
+        for case in self.cases.values():
+            block = case.get("accumulation") if isinstance(case, dict) else None
+            for m in (block.get("models") if isinstance(block, dict) else None) or []:
+                if isinstance(m, dict) and m.get("model") and isinstance(m.get("head_dim"), int):
+                    dims.setdefault(str(m["model"]), m["head_dim"])
+        return [(n, dims.get(n)) for n in names]
 
     # ------------------------------------------------------------------ arrays
     def arrays(self, case_id: str) -> Optional[Dict[str, np.ndarray]]:
@@ -299,6 +328,7 @@ def load_run(run_dir: str) -> RunData:
                 layer=_int(d.get("layer")),
                 head=_int(d.get("head")),
                 value=_num(d.get("value")),
+                data=str(d.get("data") or ""),
             )
         )
     if not run.rows:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
-from .load import MethodKey, RunData
+from .load import ACCUMULATION_SCOPES, MethodKey, RunData
 
 
 @dataclass
@@ -26,6 +26,17 @@ MAIN_COLUMNS = [
     Column("Attn KL (nats)", r"Attn.\ KL\,$\downarrow$", "attention.kl.mean", "min", "sci"),
     Column("Top-1 overlap", r"Top-1\,$\uparrow$", "attention.top1_overlap", "max", "frac"),
     Column("Output NMSE", r"Out.\ NMSE\,$\downarrow$", "attention.output_nmse", "min", "sci"),
+]
+
+# Error accumulation (docs/metrics.md §5), one table per model: a model's rows are never averaged
+# with another model's.
+ACCUMULATION_COLUMNS = [
+    Column("MAE acc. (final)", r"MAE acc.\,$\downarrow$", "accumulation.mae_accumulated.final", "min", "sci"),
+    Column("MAE static (final)", r"MAE static\,$\downarrow$", "accumulation.mae_static.final", "min", "sci"),
+    Column("NMSE acc. (final)", r"NMSE acc.\,$\downarrow$", "accumulation.nmse_accumulated.final", "min", "sci"),
+    Column("Decode KL (nats)", r"Decode KL\,$\downarrow$", "decode.kl.mean", "min", "sci"),
+    Column("Top-1 agreement", r"Top-1\,$\uparrow$", "decode.top1_agreement", "max", "frac"),
+    Column("1st divergence (step)", r"1st div.\,$\uparrow$", "decode.first_divergence", "max", "num"),
 ]
 
 REFERENCE_FAMILIES = ("fp16",)
@@ -69,6 +80,31 @@ def main_table(run: RunData) -> Table:
     return Table(run.methods, cols, values, flags, note)
 
 
+def accumulation_tables(run: RunData) -> List[Tuple[str, Table]]:
+    """[(model title, table)] of the error-accumulation summary, one per model (config order)."""
+    out = []
+    for name, head_dim in run.accumulation_models():
+        grid = {(k, c.metric): run.value(k, c.metric, name) for k in run.methods for c in ACCUMULATION_COLUMNS}
+        cols = [c for c in ACCUMULATION_COLUMNS if any(not math.isnan(grid[k, c.metric]) for k in run.methods)]
+        methods = [k for k in run.methods if any(not math.isnan(grid[k, c.metric]) for c in cols)]
+        if not cols or not methods:
+            continue
+        values = [[grid[k, c.metric] for c in cols] for k in methods]
+        note = ("Last pseudo-decode block (final context) for MAE/NMSE, averaged over layers and prompts; "
+                "decode columns are means over the teacher-forced (KL, top-1) and greedy free-running "
+                "(first divergence; = decode steps when none) steps. Bold: best compressed method.")
+        title = name + (f" (head_dim {head_dim})" if head_dim else "")
+        out.append((title, Table(methods, cols, values, _best_flags(values, methods, cols), note)))
+    return out
+
+
+def accumulation_markdown(run: RunData) -> str:
+    parts = []
+    for title, t in accumulation_tables(run):
+        parts += [f"### {title}", "", to_markdown(t), t.note, ""]
+    return "\n".join(parts)
+
+
 # ------------------------------------------------------------------ formatting
 
 
@@ -79,6 +115,8 @@ def fmt_plain(v: float, kind: str) -> str:
         return f"{v:.2f}"
     if kind == "frac":
         return f"{v:.3f}"
+    if kind == "num":
+        return f"{v:.4g}"
     if v == 0:
         return "0"
     return f"{v:.2e}"
@@ -170,10 +208,20 @@ def to_latex(t: Table, caption: str, label: str = "tab:kvarn-main") -> str:
 
 
 def all_metrics(run: RunData):
-    """(metrics, methods, values[metric][method]) for every metric in the summary."""
-    metrics = run.metrics()
-    vals = [[run.value(k, m) for k in run.methods] for m in metrics]
-    return metrics, run.methods, vals
+    """(metrics, methods, values[metric][method]) for every metric in the summary; accumulation and
+    decode metrics of a run with several models are listed per model ("metric [model]")."""
+    models = [n for n, _ in run.accumulation_models()]
+    names, vals = [], []
+    for m in run.metrics():
+        split = []
+        if len(models) > 1 and any(r.metric == m and r.scope in ACCUMULATION_SCOPES for r in run.rows):
+            split = [(f"{m} [{d}]", [run.value(k, m, d) for k in run.methods]) for d in models]
+            split = [(n, v) for n, v in split if any(not math.isnan(x) for x in v)]
+        # rows without a model name (older runs) stay pooled
+        for n, v in split or [(m, [run.value(k, m) for k in run.methods])]:
+            names.append(n)
+            vals.append(v)
+    return names, run.methods, vals
 
 
 def _fmt_any(v: float) -> str:

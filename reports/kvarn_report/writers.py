@@ -71,6 +71,7 @@ def _title(run: RunData) -> str:
 
 
 MAIN_CAPTION = "Main results per method."
+ACCUMULATION_HEADING = "Error accumulation per model"
 
 CSS = """
 body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;
@@ -105,6 +106,14 @@ def write_html(run: RunData, figs: List[Figure], table: tables.Table, out_dir: s
     h.append("<h2>Main results</h2>")
     h.append(tables.to_html(table))
     h.append(f"<p>{e(table.note)} LaTeX: <a href=\"tables/main.tex\">tables/main.tex</a>.</p>")
+    acc = tables.accumulation_tables(run)
+    if acc:
+        h.append(f"<h2>{ACCUMULATION_HEADING}</h2>")
+        for title, t in acc:
+            h += [f"<h3>{e(title)}</h3>", tables.to_html(t), f"<p>{e(t.note)}</p>"]
+    itl = tables.itl_markdown(run)
+    if itl:
+        h.append(f"<h2>{ITL_HEADING}</h2><pre>{e(itl)}</pre>")
     h.append("<h2>Figures</h2>")
     if not figs:
         h.append("<p class=\"note\">No figure could be drawn from this run; see the notes below.</p>")
@@ -127,6 +136,9 @@ def write_html(run: RunData, figs: List[Figure], table: tables.Table, out_dir: s
     return path
 
 
+ITL_HEADING = "Decode ITL slope and break-even context vs our FP16 kernel (GPU benchmark)"
+
+
 def _md_escape(s: str) -> str:
     return s.replace("|", "\\|")
 
@@ -142,8 +154,14 @@ def write_markdown(run: RunData, figs: List[Figure], table: tables.Table, out_di
     if run.resolved:
         m += ["", "<details><summary>Resolved configuration (resolved.json)</summary>", "", "```json",
               json.dumps(run.resolved, indent=2, sort_keys=True), "```", "", "</details>"]
-    m += ["", "## Main results", "", tables.to_markdown(table), table.note + " LaTeX: `tables/main.tex`.", "",
-          "## Figures", ""]
+    m += ["", "## Main results", "", tables.to_markdown(table), table.note + " LaTeX: `tables/main.tex`.", ""]
+    acc = tables.accumulation_markdown(run)
+    if acc:
+        m += [f"## {ACCUMULATION_HEADING}", "", acc]
+    itl = tables.itl_markdown(run)
+    if itl:
+        m += [f"## {ITL_HEADING}", "", itl]
+    m += ["## Figures", ""]
     if not figs:
         m += ["No figure could be drawn from this run; see the notes below.", ""]
     for i, f in enumerate(figs, 1):

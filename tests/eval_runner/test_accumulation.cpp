@@ -2,9 +2,15 @@
 // llama_hd64 model of make_reference.py: what the protocols guarantee by construction.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
 #include <numeric>
+#include <utility>
 
+#include "kvarn/data/error.hpp"
 #include "kvarn/eval/accumulation.hpp"
 #include "kvarn/eval/model.hpp"
 #include "runner_test_util.hpp"
@@ -159,6 +165,73 @@ TEST_F(Accumulation, SameSeedGivesIdenticalArrays) {
   o2.seed = 8;
   const AccumulationReference c = accumulation_reference(*model_, prompt(), o2);
   EXPECT_NE(a.sampled_tokens, c.sampled_tokens) << "another seed should sample other tokens";
+}
+
+// CUDA vs CPU (accumulation.device: cuda): pseudo-decode of the fixture Qwen3 (8 layers, D 128) on
+// a 256-token real-text context (no greedy continuation, so both devices see the same tokens).
+// Tolerance: the devices' fp32 results differ by ~1e-6 relative (test_model: logits within 1e-4);
+// a quantizer can flip a rounding decision on such a difference, changing isolated codes by one
+// step, and the flip propagates to later layers, but each MAE averages 32 tokens x 512 hidden
+// values, so flips move it far below 2 % (the bound test_model uses for quantized pseudo-decode
+// logits). The floor, 1e-3 of the run's largest MAE, covers the fp16-only blocks (~1e-4,
+// rounding-level). fp16 must give exactly 0 on both devices (same-device reference).
+TEST(AccumulationCuda, PseudoDecodeMatchesCpu) {
+  const auto dir = std::filesystem::path(KVARN_SOURCE_DIR) / "data/models/fixture-qwen3-h128";
+  if (!std::filesystem::exists(dir / "model.safetensors")) {
+    GTEST_SKIP() << "fixture model absent (data/models is untracked; carry it): " << dir;
+  }
+  std::unique_ptr<Model> gpu;
+  try {
+    gpu = Model::load(dir, LoadOptions{"cuda", "float32", 0});
+  } catch (const Error& e) {
+    GTEST_SKIP() << "no CUDA device: " << e.what();
+  }
+  const auto cpu = Model::load(dir);
+  const auto lines = test::read_text(std::filesystem::path(KVARN_SOURCE_DIR) /
+                                     "data/prompts/long_context_fixture_ids.jsonl");
+  const auto prompt =
+      nlohmann::json::parse(lines.substr(0, lines.find('\n')))["token_ids"].get<std::vector<int>>();
+  AccumulationOptions o;
+  o.block = 32;
+  o.context = 256;
+  o.teacher_forced = o.free_running = false;
+  ASSERT_GE(static_cast<int>(prompt.size()), o.context);
+  const std::vector<std::int32_t> ids(prompt.begin(), prompt.end());
+  const AccumulationReference rg = accumulation_reference(*gpu, ids, o);
+  const AccumulationReference rc = accumulation_reference(*cpu, ids, o);
+  ASSERT_EQ(rg.context, rc.context);
+  for (const std::string spec : {"fp16", "kvarn_k4v2_g64", "kivi_2bit"}) {
+    const PseudoDecodeResult g = run_accumulation(*gpu, rg, spec, o).pseudo;
+    const PseudoDecodeResult c = run_accumulation(*cpu, rc, spec, o).pseudo;
+    ASSERT_EQ(g.context_len, c.context_len);
+    double top = 0, worst = 0;
+    for (const auto* m : {&c.mae_accumulated, &c.mae_static}) {
+      for (const auto& row : *m) top = std::max(top, *std::max_element(row.begin(), row.end()));
+    }
+    for (const auto& [a, b] : {std::pair{&g.mae_accumulated, &c.mae_accumulated},
+                               std::pair{&g.mae_static, &c.mae_static}}) {
+      for (std::size_t k = 0; k < b->size(); ++k) {
+        for (std::size_t l = 0; l < (*b)[k].size(); ++l) {
+          const double x = (*a)[k][l], y = (*b)[k][l];
+          if (spec == "fp16") {
+            EXPECT_EQ(x, 0.0) << "block " << k << " layer " << l;
+            EXPECT_EQ(y, 0.0) << "block " << k << " layer " << l;
+            continue;
+          }
+          EXPECT_TRUE(std::isfinite(x)) << spec << " block " << k << " layer " << l;
+          EXPECT_LE(std::abs(x - y), 2e-2 * std::abs(y) + 1e-3 * top)
+              << spec << " block " << k << " layer " << l << ": cuda " << x << " cpu " << y;
+          worst = std::max(worst, std::abs(x - y) / std::max(std::abs(y), 1e-3 * top));
+        }
+      }
+    }
+    if (spec != "fp16") {
+      EXPECT_GT(top, 0.0) << spec << " never read a quantized row";
+    }
+    std::printf(
+        "[ runner ] accumulation CUDA vs CPU, %-15s pseudo-decode MAE worst rel diff %.2e\n",
+        spec.c_str(), worst);
+  }
 }
 
 TEST(AccumulationMath, KlAndTopPSampling) {

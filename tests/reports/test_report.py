@@ -217,13 +217,18 @@ def check_links(report_dir, html, md):
         check(os.path.isfile(os.path.join(report_dir, s)), f"report.md references missing {s}")
 
 
+def report_of(run_dir, what):
+    """Builds the report into RUN_DIR/report (a failed build is a failed check); its folder."""
+    rc, out = run_report(run_dir)
+    print(out)
+    check(rc == 0, f"{what}: exit code {rc}")
+    return os.path.join(run_dir, "report")
+
+
 def test_full(tmp):
     run_dir = os.path.join(tmp, "full")
     make_run(run_dir)
-    rc, out = run_report(run_dir)
-    print(out)
-    check(rc == 0, f"full run: exit code {rc}")
-    rep = os.path.join(run_dir, "report")
+    rep = report_of(run_dir, "full run")
     for name in ["report.html", "report.md", "tables/main.tex", "tables/main.md", "tables/main.html"]:
         check(os.path.isfile(os.path.join(rep, name)), f"full run: {name} missing")
     for fig in FIGS:
@@ -253,6 +258,11 @@ def test_full(tmp):
         check(label in html and label in md and label in tex, f"method label {label!r} missing somewhere")
     check(html.count("<figcaption>") == len(FIGS), "report.html: expected one caption per figure")
     check(md.count("### Figure") == len(FIGS), "report.md: expected one section per figure")
+    # throughput.json present: the ITL slope / break-even table (fits of scripts/gpu_summary.py)
+    check("ITL slope and break-even" in md and "ITL slope and break-even" in html,
+          "report lacks the ITL / break-even section")
+    itl_rows = [l for l in md.splitlines() if l.startswith("| kvarn_k4v2_g128 | 8 | 64/8 |")]
+    check(len(itl_rows) == 1, f"report.md: expected one ITL row for k4v2 B8 Hq64, got {itl_rows}")
     # LaTeX booktabs
     for s in ("\\toprule", "\\midrule", "\\bottomrule", "\\begin{tabular}", "\\caption{"):
         check(s in tex, f"main.tex lacks {s}")
@@ -314,6 +324,100 @@ def test_minimal(tmp):
     check("summary rows" in html.lower(), "minimal run: config block missing")
 
 
+# Two models in one accumulation block (as configs/accumulation.yaml): name -> (head_dim, context
+# lengths of the pseudo-decode blocks, final accumulated MAE of KIVI).
+ACC_MODELS = {"smollm2-135m-instruct": (64, np.arange(128, 2049, 128), 0.55),
+              "fixture-qwen3-h128": (128, np.arange(32, 993, 32), 0.131)}
+ACC_METHODS = {"fp16": ("fp16", "fp16", 16.0, 0.0),
+               "kivi_2bit": ("kivi:bits=2,group=32,residual=128", "kivi", 3.05, 1.0),
+               "kvarn_k4v2_g128": ("kvarn:k=4,v=2,g=128", "kvarn", 3.19, 0.4)}
+
+
+def make_two_model_run(run_dir):
+    """A run of an accumulation sweep over two models: per-model arrays under
+    accumulation_models/<name>/ (the root arrays repeat the first model, as the engine writes them),
+    summary rows whose `data` is the model, and case records with each model's head_dim."""
+    os.makedirs(os.path.join(run_dir, "cases"))
+    names = list(ACC_MODELS)
+    with open(os.path.join(run_dir, "resolved.json"), "w") as f:
+        json.dump({"name": "two_models", "methods": list(ACC_METHODS),
+                   "accumulation": {"enabled": True, "models": [{"name": n, "path": "m/" + n} for n in names]}}, f)
+    rows = []
+    for i, (method, (spec, fam, bits, scale)) in enumerate(ACC_METHODS.items()):
+        case_id = f"c{i:03d}-{method}"
+        base = dict(case_id=case_id, method=method, spec=spec, family=fam, bits_per_element=bits, head="all")
+        rows.append(dict(base, data="sample.h5", metric="key.end_to_end.nmse", scope="key", layer="all",
+                         value=0.01 * scale))
+        for name, (head_dim, ctx, mae) in ACC_MODELS.items():
+            for metric, v in (("accumulation.mae_accumulated.final", mae * scale),
+                              ("accumulation.mae_static.final", 0.9 * mae * scale),
+                              ("decode.kl.mean", 0.03 * scale * head_dim / 64),
+                              ("decode.top1_agreement", 1.0 - 0.1 * scale)):
+                rows.append(dict(base, data=name, metric=metric, scope=metric.split(".")[0], layer="all", value=v))
+        with open(os.path.join(run_dir, "cases", case_id + ".json"), "w") as f:
+            json.dump({"case_id": case_id, "accumulation": {
+                "models": [{"model": n, "head_dim": d[0]} for n, d in ACC_MODELS.items()]}}, f)
+        if HAVE_H5PY:
+            os.makedirs(os.path.join(run_dir, "arrays"), exist_ok=True)
+            with h5py.File(os.path.join(run_dir, "arrays", case_id + ".h5"), "w") as f:
+                for j, (name, (head_dim, ctx, mae)) in enumerate(ACC_MODELS.items()):
+                    for pre in ([""] if j == 0 else []) + [f"accumulation_models/{name}/"]:
+                        f[pre + "accumulation/context_len"] = ctx.astype(float)
+                        f[pre + "accumulation/mae_static"] = 0.9 * mae * scale * np.sqrt(ctx / ctx[-1])
+                        f[pre + "accumulation/mae_accumulated"] = mae * scale * np.sqrt(ctx / ctx[-1])
+                        f[pre + "decode/step"] = np.arange(32.0)
+                        f[pre + "decode/kl"] = 0.03 * scale * (1 + np.arange(32.0) / 32)
+    with open(os.path.join(run_dir, "summary.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def png_height(path):
+    with open(path, "rb") as f:
+        return int.from_bytes(f.read(24)[20:24], "big")  # IHDR: width, then height
+
+
+def test_two_models(tmp):
+    run_dir = os.path.join(tmp, "two_models")
+    make_two_model_run(run_dir)
+    rep = report_of(run_dir, "two-model run")
+    md = open(os.path.join(rep, "report.md"), encoding="utf-8").read()
+    html = open(os.path.join(rep, "report.html"), encoding="utf-8").read()
+    acc_md = open(os.path.join(rep, "tables", "accumulation.md"), encoding="utf-8").read()
+    titles = [f"{n} (head_dim {d[0]})" for n, d in ACC_MODELS.items()]
+    # One table per model, each with that model's own values (never averaged across models).
+    sections = {}
+    for block in md.split("## Error accumulation per model", 1)[-1].split("## Figures")[0].split("### ")[1:]:
+        sections[block.splitlines()[0].strip()] = block
+    check(list(sections) == titles, f"two-model run: accumulation tables {list(sections)}, expected {titles}")
+    for t, (name, (_, _, mae)) in zip(titles, ACC_MODELS.items()):
+        kivi = [l for l in sections.get(t, "").splitlines() if l.startswith("| KIVI 2-bit |")]
+        check(kivi and kivi[0].split("|")[2].strip().strip("*") == f"{mae:.2e}",
+              f"two-model run: {name}'s KIVI MAE row is {kivi}, expected {mae:.2e}")
+        check(f"<h3>{t}</h3>" in html, f"report.html lacks the accumulation table of {t}")
+        check(f"### {t}" in acc_md, f"tables/accumulation.md lacks {t}")
+        all_md = open(os.path.join(rep, "tables", "all_metrics.md"), encoding="utf-8").read()
+        check(f"`accumulation.mae_accumulated.final [{name}]`" in all_md, f"all_metrics.md: no row for {name}")
+    if not HAVE_H5PY:
+        return
+    # Both figures have one panel per model, named with its head_dim, in config order.
+    sys.path.insert(0, os.path.join(ROOT, "reports"))
+    from kvarn_report import figures, load, style
+
+    run = load.load_run(run_dir)
+    styles = style.method_styles(run.methods)
+    for builder, fig_id in ((figures.fig_context, "context_error"), (figures.fig_decode, "decode_kl")):
+        fig = builder(run, styles, os.path.join(tmp, "two_models_figs"))
+        check(fig is not None and fig.panels == titles, f"{fig_id}: panels {fig and fig.panels}, expected {titles}")
+        opening = "Mean absolute error" if fig_id == "context_error" else "KL divergence"
+        cap = [l for l in md.splitlines() if l.startswith(opening)]
+        check(cap and all(t in cap[0] for t in titles), f"report.md: the {fig_id} caption does not name both models")
+        # two stacked panels: taller than the one-panel figure of the single-model (root arrays) run
+        one = os.path.join(tmp, "full", "report", "figures", fig_id + ".png")
+        two = os.path.join(rep, "figures", fig_id + ".png")
+        if os.path.isfile(one):
+            check(png_height(two) > 1.4 * png_height(one), f"{fig_id}: the two-model figure is not two panels high")
+
+
 def test_broken(tmp):
     run_dir = os.path.join(tmp, "broken")
     os.makedirs(run_dir)
@@ -332,7 +436,7 @@ def main():
         os.makedirs(keep)
     tmp = keep or tempfile.mkdtemp(prefix="kvarn_report_test_")
     try:
-        for t in (test_full, test_minimal, test_broken):
+        for t in (test_full, test_minimal, test_two_models, test_broken):
             try:
                 t(tmp)
             except Exception as e:  # an exception is a failed check, and the others still run
