@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <numeric>
 #include <sstream>
 #include <string>
@@ -16,6 +17,7 @@
 #include "kvarn/core/portable_math.hpp"
 #include "kvarn/core/rng.hpp"
 #include "kvarn/core/turboquant.hpp"
+#include "kvarn/data/tile_file.hpp"
 
 namespace kvarn {
 namespace {
@@ -26,6 +28,7 @@ struct TqCase {
   int d, hq, hkv, batch, max_len, page;
   int splits = 0;
   std::uint64_t seed = 1;
+  std::string file = {};  // "" = random rows; else real K/V/q of a shipped tile file (layer index 0)
 };
 
 std::string tq_name(const TqCase& c) {
@@ -33,6 +36,7 @@ std::string tq_name(const TqCase& c) {
   o << "tq_k" << c.kb << "v" << c.vb << (c.nc ? "_nc" : "") << "_d" << c.d << "_hq" << c.hq
     << "_hkv" << c.hkv << "_b" << c.batch << "_L" << c.max_len << "_P" << c.page << "_s"
     << c.splits << "_seed" << c.seed;
+  if (!c.file.empty()) o << "_" << c.file.substr(0, c.file.find('.'));
   return o.str();
 }
 
@@ -42,6 +46,26 @@ TEST_P(TqDecode, MatchesCpuReference) {
   KVARN_REQUIRE_GPU();
   const TqCase c = GetParam();
   const int d = c.d, hkv = c.hkv, hq = c.hq, qpk = hq / hkv, P = c.page;
+  // Real data: sequence b % S of the file, rows K/V of layer index 0 and the captured query of the
+  // sequence's last used token (one query head per KV head: qpk 1).
+  std::vector<TileMatrix> fk, fv, fq;
+  int file_seqs = 0;
+  if (!c.file.empty()) {
+    const TileReader r(std::filesystem::path(KVARN_SOURCE_DIR) / "data/tiles" / c.file);
+    ASSERT_EQ(r.info().head_dim, d);
+    ASSERT_EQ(r.info().num_kv_heads, hkv);
+    ASSERT_EQ(qpk, 1);
+    file_seqs = r.num_sequences();
+    for (int sq = 0; sq < file_seqs; ++sq) {
+      ASSERT_GE(r.sequence(sq).num_tokens, c.max_len);
+      for (int h = 0; h < hkv; ++h) {
+        fk.push_back(r.read(sq, "k", 0, h));
+        fv.push_back(r.read(sq, "v", 0, h));
+        fq.push_back(r.read(sq, "q", 0, h));
+      }
+    }
+  }
+
   Rng rng(c.seed * 9173 + 5);
   TurboQuantConfig tcfg;
   tcfg.key_bits = c.kb;
@@ -94,10 +118,13 @@ TEST_P(TqDecode, MatchesCpuReference) {
         std::uint8_t* dst =
             cache.data() + ((static_cast<std::size_t>(phys) * hkv + h) * P + t % P) * slot;
         std::size_t off = 0;
-        for (int x = 0; x < d; ++x) row[x] = static_cast<float>(rng.normal()) * chan[x] + 0.3f;
+        const int fi = file_seqs > 0 ? (b % file_seqs) * hkv + h : -1;
+        for (int x = 0; x < d; ++x)
+          row[x] = fi >= 0 ? fk[fi](t, x) : static_cast<float>(rng.normal()) * chan[x] + 0.3f;
         Chunk kc;
         kcodec->encode(row.data(), 1, &kc, krec.data());
-        for (int x = 0; x < d; ++x) row[x] = static_cast<float>(rng.normal()) * 1.5f - 0.2f;
+        for (int x = 0; x < d; ++x)
+          row[x] = fi >= 0 ? fv[fi](t, x) : static_cast<float>(rng.normal()) * 1.5f - 0.2f;
         Chunk vc;
         vcodec->encode(row.data(), 1, &vc, vrec.data());
         for (const Chunk* ch : {&kc, &vc})
@@ -113,6 +140,13 @@ TEST_P(TqDecode, MatchesCpuReference) {
   }
   std::vector<std::uint16_t> q(static_cast<std::size_t>(c.batch) * hq * d);
   for (auto& x : q) x = float_to_half_bits(static_cast<float>(rng.normal()));
+  if (file_seqs > 0) {  // stored fp16: exact
+    for (int b = 0; b < c.batch; ++b)
+      for (int h = 0; h < hq; ++h)
+        for (int x = 0; x < d; ++x)
+          q[(static_cast<std::size_t>(b) * hq + h) * d + x] =
+              float_to_half_bits(fq[(b % file_seqs) * hkv + h](lens[b] - 1, x));
+  }
 
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   std::vector<float> ref(q.size());
@@ -198,6 +232,12 @@ std::vector<TqCase> tq_cases() {
   v.push_back({4, 4, false, 128, 32, 8, 3, 500, 16});     // Lloyd-Max keys without nc
   v.push_back({3, 3, true, 64, 8, 8, 7, 300, 16, 0, 3});  // MHA, D 64, 3-bit (odd lane bytes)
   v.push_back({4, 4, true, 128, 40, 8, 6, 1200, 32, 0, 4});  // qpk 5, ragged
+  // Real captured K/V and queries (fixture Qwen3, D 128, 2 KV heads; SmolLM2, D 64, 3 KV heads)
+  for (auto [kb, vb, nc] :
+       std::vector<std::tuple<int, int, bool>>{{4, 4, true}, {3, 3, true}, {8, 4, false}}) {
+    v.push_back({kb, vb, nc, 128, 2, 2, 4, 480, 16, 0, 5, "fixture_heldout.h5"});
+    v.push_back({kb, vb, nc, 64, 3, 3, 3, 700, 32, 0, 6, "smollm2_long.h5"});
+  }
   return v;
 }
 
