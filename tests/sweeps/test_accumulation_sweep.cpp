@@ -28,8 +28,8 @@ fs::path fixture_model() {
   return fs::path(KVARN_SOURCE_DIR) / "data" / "models" / "fixture-qwen3-h128";
 }
 
-// Runs a sweep without a report or log output.
-SweepResult run_quietly(const SweepConfig& cfg) {
+// Runs a sweep without a report or log output (only the runner-built tests use it).
+[[maybe_unused]] SweepResult run_quietly(const SweepConfig& cfg) {
   std::FILE* devnull = std::fopen("/dev/null", "w");
   SweepOptions o;
   o.report = false;
