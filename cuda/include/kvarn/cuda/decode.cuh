@@ -31,7 +31,8 @@
 //          B fragment by movmatrix.trans), C = O^T [channels x 8 heads].
 //   KVarN records: scales are factored out of the products so the mma runs on raw codes,
 //     S[t,h] = s_row_k[t] * (kmax * sum_d q''[h,d] code_k[d,t] + sum_d q[h,d] zp_k[d]),
-//       q'' = q * s_col_k / kmax in fp16 (kmax = max |s_col_k| of the record);
+//       q'' = q * s_col_k / kmax in fp16 (kmax = max |s_col_k| of the record), and
+//       sum_d q zp_k by one mma per k-step of the fp16 query against zp_k broadcast to all rows;
 //     O[h,d] += s_col_v[d] * (vmax * sum_t p''[h,t] code_v[t,d] + sum_t p[h,t] zp_v[t]),
 //       p'' = p * s_row_v / vmax in fp16.
 //     Codes become fp16 1024 + c 2^(f bits) with the 0x6400 magic exponent and one lop3
@@ -381,23 +382,30 @@ __global__ void __launch_bounds__(32 * DecodeTraits<D, G, F, KB, VB>::kWarps,
       const int sb = a.fp8_scales ? 1 : 2;  // bytes per row scale
       // q'' = q * s_col_k / kmax (fp16 B fragments); qz = sum_d q zp_k for head g
       float sk[KS][4];
-      float kmax = 0.0f, qz = 0.0f;
+      float kmax = 0.0f;
+      // qz = sum_d q zp_k per head by mma: A = zp_k broadcast to all 16 rows (the lane's raw fp16
+      // pairs are exactly the A fragment), B = the fp16 query; C row g, columns 2c, 2c + 1 are
+      // heads 2c, 2c + 1. Replaces 32 conversions + 32 fma + 4 shuffles per lane.
+      float qzc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-      for (int s = 0; s < KS; ++s)
+      for (int s = 0; s < KS; ++s) {
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {
-          const int ch = detail::q_channel<F>(s, c, e);
-          const float2 sc2 = detail::load_scale_pair(rec + a.s_col_k, ch, a.fp8_scales);
-          const float2 zp2 = unpack_half2(*reinterpret_cast<const std::uint32_t*>(rec + a.zp_k + 2 * ch));
+          const float2 sc2 =
+              detail::load_scale_pair(rec + a.s_col_k, detail::q_channel<F>(s, c, e), a.fp8_scales);
           sk[s][e] = sc2.x;
           sk[s][e + 1] = sc2.y;
           kmax = fmaxf(kmax, fmaxf(fabsf(sc2.x), fabsf(sc2.y)));
-          qz += qf[s][e] * zp2.x + qf[s][e + 1] * zp2.y;
         }
+        const std::uint32_t z0 = *reinterpret_cast<const std::uint32_t*>(
+            rec + a.zp_k + 2 * detail::q_channel<F>(s, c, 0));
+        const std::uint32_t z2 = *reinterpret_cast<const std::uint32_t*>(
+            rec + a.zp_k + 2 * detail::q_channel<F>(s, c, 2));
+        const std::uint32_t za[4] = {z0, z0, z2, z2};
+        mma_16816(qzc, za, qb[s]);
+      }
       kmax = fmaxf(kmax, __shfl_xor_sync(0xffffffffu, kmax, 1));
       kmax = fmaxf(kmax, __shfl_xor_sync(0xffffffffu, kmax, 2));
-      qz += __shfl_xor_sync(0xffffffffu, qz, 1);
-      qz += __shfl_xor_sync(0xffffffffu, qz, 2);
       const float kinv = kmax > 0.0f ? 1.0f / kmax : 0.0f;
       std::uint32_t kb[KS][2];
 #pragma unroll
@@ -405,8 +413,7 @@ __global__ void __launch_bounds__(32 * DecodeTraits<D, G, F, KB, VB>::kWarps,
         kb[s][0] = pack_half2(qf[s][0] * (sk[s][0] * kinv), qf[s][1] * (sk[s][1] * kinv));
         kb[s][1] = pack_half2(qf[s][2] * (sk[s][2] * kinv), qf[s][3] * (sk[s][3] * kinv));
       }
-      const float qz_h[2] = {__shfl_sync(0xffffffffu, qz, 8 * c),
-                             __shfl_sync(0xffffffffu, qz, 8 * c + 4)};
+      const float qz_h[2] = {qzc[0], qzc[1]};
       constexpr std::uint32_t kOnes = 0x3C003C00u;
       const std::uint32_t ones_a[4] = {kOnes, kOnes, kOnes, kOnes};
       float qsum[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum_d q'' of heads 2c, 2c + 1 (fp16 operands)
