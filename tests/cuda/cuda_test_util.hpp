@@ -4,9 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 #include <vector>
 
+#include "kvarn/core/portable_math.hpp"
 #include "kvarn/cuda/api.hpp"
 
 #define KVARN_REQUIRE_GPU()                                           \
@@ -45,5 +50,35 @@ class DeviceBuffer {
   T* p_ = nullptr;
   std::size_t n_ = 0;
 };
+
+// Runs paged_decode twice on NaN-poisoned output and workspace (the second run catches races and
+// state left behind) and requires every output element written and NMSE <= 1e-5 against `ref`.
+inline void expect_decode_matches(const kvarn::cuda::DecodeProblem& p,
+                                  const kvarn::cuda::DecodeBuffers& bufs,
+                                  DeviceBuffer<std::uint16_t>& dout, DeviceBuffer<std::uint8_t>& ws,
+                                  const std::vector<float>& ref, const std::string& name) {
+  for (int rep = 0; rep < 2; ++rep) {
+    dout.fill_bytes(0xFF);
+    ws.fill_bytes(0xFF);
+    kvarn::cuda::paged_decode(p, bufs);
+    KVARN_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto out = dout.download();
+    double num = 0, den = 0;
+    std::size_t unwritten = 0;
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      const float v = kvarn::half_bits_to_float(out[i]);
+      if (!std::isfinite(v)) {
+        ++unwritten;
+        continue;
+      }
+      num += (double(v) - ref[i]) * (double(v) - ref[i]);
+      den += double(ref[i]) * ref[i];
+    }
+    const double nmse = num / std::max(den, 1e-30);
+    EXPECT_EQ(unwritten, 0u) << name;
+    EXPECT_LE(nmse, 1e-5) << name;
+    if (rep == 0) std::printf("[ nmse ] %s %.3e\n", name.c_str(), nmse);
+  }
+}
 
 #endif  // KVARN_TESTS_CUDA_UTIL_HPP_

@@ -221,28 +221,7 @@ TEST_P(PagedDecode, MatchesCpuReference) {
   bufs.k_scale = dks.get();
   bufs.v_scale = dvs.get();
   bufs.workspace = ws.get();
-  for (int rep = 0; rep < 2; ++rep) {  // twice: same result (no races), poisoned each time
-    dout.fill_bytes(0xFF);
-    ws.fill_bytes(0xFF);
-    cuda::paged_decode(p, bufs);
-    KVARN_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto out = dout.download();
-    double num = 0, den = 0;
-    std::size_t unwritten = 0;
-    for (std::size_t i = 0; i < out.size(); ++i) {
-      const float v = half_bits_to_float(out[i]);
-      if (!std::isfinite(v)) {
-        ++unwritten;
-        continue;
-      }
-      num += (double(v) - ref[i]) * (double(v) - ref[i]);
-      den += double(ref[i]) * ref[i];
-    }
-    const double nmse = num / std::max(den, 1e-30);
-    EXPECT_EQ(unwritten, 0u) << case_name(c);
-    EXPECT_LE(nmse, 1e-5) << case_name(c);
-    if (rep == 0) std::printf("[ nmse ] %s %.3e\n", case_name(c).c_str(), nmse);
-  }
+  expect_decode_matches(p, bufs, dout, ws, ref, case_name(c));
 }
 
 std::vector<DecodeCase> decode_cases() {

@@ -195,28 +195,7 @@ TEST_P(TqDecode, MatchesCpuReference) {
   bufs.seq_lens = dlens.get();
   bufs.k_pool = dcache.get();
   bufs.workspace = ws.get();
-  for (int rep = 0; rep < 2; ++rep) {
-    dout.fill_bytes(0xFF);
-    ws.fill_bytes(0xFF);
-    cuda::paged_decode(p, bufs);
-    KVARN_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto out = dout.download();
-    double num = 0, den = 0;
-    std::size_t unwritten = 0;
-    for (std::size_t i = 0; i < out.size(); ++i) {
-      const float v = half_bits_to_float(out[i]);
-      if (!std::isfinite(v)) {
-        ++unwritten;
-        continue;
-      }
-      num += (double(v) - ref[i]) * (double(v) - ref[i]);
-      den += double(ref[i]) * ref[i];
-    }
-    const double nmse = num / std::max(den, 1e-30);
-    EXPECT_EQ(unwritten, 0u) << tq_name(c);
-    EXPECT_LE(nmse, 1e-5) << tq_name(c);
-    if (rep == 0) std::printf("[ nmse ] %s %.3e\n", tq_name(c).c_str(), nmse);
-  }
+  expect_decode_matches(p, bufs, dout, ws, ref, tq_name(c));
 }
 
 std::vector<TqCase> tq_cases() {

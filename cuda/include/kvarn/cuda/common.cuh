@@ -120,6 +120,52 @@ __device__ __forceinline__ std::uint32_t codes_to_half2(std::uint32_t x) {
 
 // The same without the hfma2: half2 of 1024 + c * 2^(f kBits) (exact; f kBits <= 6). The caller
 // removes 1024 * sum(other operand) and the 2^(f kBits) factor outside the mma.
+// Unnormalized FWHT of a query held as mma B-fragment registers qf[KS][4] across a warp: a
+// channel index is made of the bits e0 (element of a pair), c (lane column; 2 bits, exchanged by
+// shuffles), e1 (pair 0 or 1) and s (k-step); butterflies on distinct bits commute, so each bit is
+// done where it lives. Lanes with the same c hold the same channels of another head.
+template <int KS>
+__device__ __forceinline__ void fwht_fragments(float (&qf)[KS][4], int c) {
+#pragma unroll
+  for (int s = 0; s < KS; ++s)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const float u = qf[s][e], w = qf[s][e + 1];
+      qf[s][e] = u + w;
+      qf[s][e + 1] = u - w;
+    }
+#pragma unroll
+  for (int bit = 1; bit <= 2; bit <<= 1) {
+    const bool upper = (c & bit) != 0;
+#pragma unroll
+    for (int s = 0; s < KS; ++s)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float w = __shfl_xor_sync(0xffffffffu, qf[s][e], bit);
+        qf[s][e] = upper ? w - qf[s][e] : qf[s][e] + w;
+      }
+  }
+#pragma unroll
+  for (int s = 0; s < KS; ++s)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float u = qf[s][e], w = qf[s][e + 2];
+      qf[s][e] = u + w;
+      qf[s][e + 2] = u - w;
+    }
+#pragma unroll
+  for (int hs = 1; hs < KS; hs <<= 1)
+#pragma unroll
+    for (int s = 0; s < KS; ++s)
+      if ((s & hs) == 0)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float u = qf[s][e], w = qf[s + hs][e];
+          qf[s][e] = u + w;
+          qf[s + hs][e] = u - w;
+        }
+}
+
 // 2^x by the SFU alone (ex2.approx.ftz): exp2f adds a denormal range fix-up (setp, 2 fmul, sel)
 // around the same instruction; softmax weights below 2^-126 may flush to zero.
 __device__ __forceinline__ float fast_exp2(float x) {

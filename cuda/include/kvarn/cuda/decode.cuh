@@ -249,46 +249,7 @@ __global__ void __launch_bounds__(32 * DecodeTraits<D, G, F, KB, VB>::kWarps,
         qf[s][e + 1] = v.y;
       }
     if constexpr (F != KvFormat::kFp8) {
-      if (a.rot_scale != 0.0f) {  // FWHT over the channel bits: e0 | c | e1 | s
-#pragma unroll
-        for (int s = 0; s < KS; ++s)
-#pragma unroll
-          for (int e = 0; e < 4; e += 2) {
-            const float u = qf[s][e], w = qf[s][e + 1];
-            qf[s][e] = u + w;
-            qf[s][e + 1] = u - w;
-          }
-#pragma unroll
-        for (int bit = 1; bit <= 2; bit <<= 1) {
-          const bool upper = (c & bit) != 0;
-#pragma unroll
-          for (int s = 0; s < KS; ++s)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float w = __shfl_xor_sync(0xffffffffu, qf[s][e], bit);
-              qf[s][e] = upper ? w - qf[s][e] : qf[s][e] + w;
-            }
-        }
-#pragma unroll
-        for (int s = 0; s < KS; ++s)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float u = qf[s][e], w = qf[s][e + 2];
-            qf[s][e] = u + w;
-            qf[s][e + 2] = u - w;
-          }
-#pragma unroll
-        for (int hs = 1; hs < KS; hs <<= 1)
-#pragma unroll
-          for (int s = 0; s < KS; ++s)
-            if ((s & hs) == 0)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const float u = qf[s][e], w = qf[s + hs][e];
-                qf[s][e] = u + w;
-                qf[s + hs][e] = u - w;
-              }
-      }
+      if (a.rot_scale != 0.0f) fwht_fragments<KS>(qf, c);  // channel bits: e0 | c | e1 | s
     }
     float scale = (a.rot_scale != 0.0f ? a.rot_scale : 1.0f) * a.qk_scale;
     if constexpr (F == KvFormat::kFp8) scale *= a.k_scale[h];

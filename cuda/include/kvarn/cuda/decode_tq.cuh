@@ -155,46 +155,8 @@ __global__ void __launch_bounds__(32, 16) paged_decode_tq_kernel(TqDecodeArgs a)
         qf[s][e] = v.x;
         qf[s][e + 1] = v.y;
       }
-    if (a.rot_scale != 0.0f) {  // butterflies on bit e0, c (lanes), e1, s: the same set
-#pragma unroll
-      for (int s = 0; s < KS; ++s)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const float u = qf[s][e], w = qf[s][e + 1];
-          qf[s][e] = u + w;
-          qf[s][e + 1] = u - w;
-        }
-#pragma unroll
-      for (int bit = 1; bit <= 2; bit <<= 1) {
-        const bool upper = (c & bit) != 0;
-#pragma unroll
-        for (int s = 0; s < KS; ++s)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float w = __shfl_xor_sync(0xffffffffu, qf[s][e], bit);
-            qf[s][e] = upper ? w - qf[s][e] : qf[s][e] + w;
-          }
-      }
-#pragma unroll
-      for (int s = 0; s < KS; ++s)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float u = qf[s][e], w = qf[s][e + 2];
-          qf[s][e] = u + w;
-          qf[s][e + 2] = u - w;
-        }
-#pragma unroll
-      for (int hs = 1; hs < KS; hs <<= 1)
-#pragma unroll
-        for (int s = 0; s < KS; ++s)
-          if ((s & hs) == 0)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float u = qf[s][e], w = qf[s + hs][e];
-              qf[s][e] = u + w;
-              qf[s + hs][e] = u - w;
-            }
-    }
+    // butterflies on bit e0, c (lanes), e1, s: the same set as the channel bits
+    if (a.rot_scale != 0.0f) fwht_fragments<KS>(qf, c);
     const float scale = (a.rot_scale != 0.0f ? a.rot_scale : 1.0f) * a.qk_scale;
 #pragma unroll
     for (int s = 0; s < KS; ++s)
