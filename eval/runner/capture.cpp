@@ -19,6 +19,7 @@
 #include "kvarn/data/tile_file.hpp"
 #include "kvarn/eval/model.hpp"
 #include "kvarn/eval/runner.hpp"
+#include "kvarn/eval/tokenizer.hpp"
 
 namespace kvarn {
 
@@ -190,6 +191,14 @@ std::vector<int> parse_index_list(const std::string& spec, int n, const std::str
   return out;
 }
 
+std::vector<std::int32_t> encode_capture_prompt(const Tokenizer& tokenizer,
+                                                const fs::path& model_dir, const std::string& text,
+                                                bool chat, bool concat) {
+  if (chat) return tokenizer.encode(render_chat_prompt(model_dir, text), false);
+  // As tokenizer(text) in transformers: the post-processor template applies.
+  return tokenizer.encode(text + (concat ? "\n\n" : ""), true);
+}
+
 std::string render_chat_prompt(const fs::path& model_dir, const std::string& text) {
   const fs::path cfg = model_dir / "tokenizer_config.json";
   KVARN_CHECK(fs::is_regular_file(cfg), cfg.string(),
@@ -278,12 +287,7 @@ CaptureResult run_capture(const CaptureOptions& o) {
         part = p->token_ids;
       } else {
         try {
-          if (o.chat) {
-            part = runner.encode(render_chat_prompt(o.model_dir, p->text), false);
-          } else {
-            // As tokenizer(text) in transformers: the post-processor template applies.
-            part = runner.encode(p->text + (o.concat ? "\n\n" : ""), true);
-          }
+          part = encode_capture_prompt(runner.tokenizer(), o.model_dir, p->text, o.chat, o.concat);
         } catch (const Error& e) {
           fail(at, ": ", e.what());
         }

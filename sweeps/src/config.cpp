@@ -380,9 +380,7 @@ bool parse_capture(const Ctx& c, const YAML::Node& n, const std::string& key,
     if (!p.has_token_ids) {
       try {
         t = tok ? static_cast<long long>(
-                      (cap.chat ? tok->encode(render_chat_prompt(cap.model_resolved, p.text))
-                                : tok->encode(p.text, true))
-                          .size())
+                      encode_capture_prompt(*tok, cap.model_resolved, p.text, cap.chat).size())
                 : static_cast<long long>(p.text.size() / 4 + 1);  // rough, estimate only
       } catch (const Error& e) {
         c.fail_at(

@@ -88,6 +88,16 @@ CaptureResult run_capture(const CaptureOptions& options);
 // Other templates are an error naming tokenizer_config.json.
 std::string render_chat_prompt(const std::filesystem::path& model_dir, const std::string& text);
 
+class Tokenizer;
+// Token ids of a text prompt exactly as the capture feeds it: through the chat template (its
+// special tokens are in the template) or as tokenizer(text) in transformers (post-processor
+// applied; `concat` appends the "\n\n" that separates concatenated prompts). The sweep's
+// context check uses this too, so its token counts are the capture's.
+std::vector<std::int32_t> encode_capture_prompt(const Tokenizer& tokenizer,
+                                                const std::filesystem::path& model_dir,
+                                                const std::string& text, bool chat,
+                                                bool concat = false);
+
 }  // namespace kvarn
 
 #endif  // KVARN_EVAL_CAPTURE_HPP_
