@@ -1,9 +1,9 @@
 // Paged decode host entry: argument checks, split choice, split kernel + combine launch
 // (the combine is a programmatic dependent launch: its launch overlaps the split kernel's tail).
 #include <algorithm>
+#include <array>
 #include <cmath>
-#include <string>
-#include <unordered_map>
+#include <map>
 
 #include "decode_launch.cuh"
 #include "kvarn/cuda/api.hpp"
@@ -108,11 +108,11 @@ int decode_num_splits(const DecodeProblem& p) {
                       : detail::decode_smem_bytes(kernel_format(p.format), p.head_dim,
                                                   p.block_size, record_bytes_of(p));
   // TurboQuant: __launch_bounds__(32, 16) caps the registers at 16 CTAs per SM
-  static thread_local std::unordered_map<std::string, int> cache;  // per kernel instantiation
-  const std::string key = std::to_string(static_cast<int>(p.format)) + "/" +
-                          std::to_string(p.head_dim) + "/" + std::to_string(p.block_size) + "/" +
-                          std::to_string(p.kvarn.key_bits) + std::to_string(p.kvarn.value_bits) +
-                          "/" + std::to_string(static_cast<int>(p.kvarn.scales));
+  // Per kernel instantiation (and record layout); asked once: this runs on every decode step.
+  static thread_local std::map<std::array<int, 6>, int> cache;
+  const std::array<int, 6> key = {static_cast<int>(p.format), p.head_dim,       p.block_size,
+                                  p.kvarn.key_bits,            p.kvarn.value_bits,
+                                  static_cast<int>(p.kvarn.scales)};
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, resident_ctas(p)).first;
   const int resident = it->second;
