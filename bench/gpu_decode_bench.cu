@@ -1,8 +1,14 @@
 // H200 decode benchmarks: device read/copy bandwidth (the roofline), KVarN store throughput, and
-// the paged decode sweep (KVarN k4v2/k4v4, FP16, FP8, TurboQuant 4bit_nc / 3bit_nc / k8v4). Manual timing with CUDA events, median of
-// repetitions, L2 flushed between repetitions when the working set is small. Everything runs on
-// one created stream; each decode step (split kernel + programmatic-dependent combine) is
-// captured once into a CUDA graph and replayed, as a serving loop would.
+// the paged decode sweep (KVarN k4v2/k4v4, FP16, FP8, TurboQuant 4bit_nc / 3bit_nc / k8v4).
+// Manual timing with CUDA events, median of repetitions. Before every timed repetition the L2 is
+// flushed by READING a buffer of three times its size (a memset would leave dirty lines whose
+// write-back lands in the timed kernel). Everything runs on one created stream; each decode step
+// (split kernel + programmatic-dependent combine) is captured once into a CUDA graph and replayed,
+// as a serving loop would.
+// After timing, every decode case is checked: the timed output must be finite, and the same graph
+// replayed over a cache of constant K rows (uniform attention) must give the closed-form output
+// (the mean of the V rows) within a small bound; a case that fails reports an error instead of a
+// time.
 // Env: KVARN_BENCH_BUDGET_S (default 300) stops registering new decode work past the budget.
 #include <benchmark/benchmark.h>
 #include <cuda_fp16.h>
@@ -11,14 +17,20 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "kvarn/core/kvarn.hpp"
+#include "kvarn/core/portable_math.hpp"
+#include "kvarn/core/rotation.hpp"
+#include "kvarn/core/turboquant.hpp"
 #include "kvarn/cuda/api.hpp"
 
 namespace {
 
 using kvarn::cuda::DecodeFormat;
+constexpr int kHeadDim = 128;
 const auto g_start = std::chrono::steady_clock::now();
 double budget_s() {
   const char* e = std::getenv("KVARN_BENCH_BUDGET_S");
@@ -36,9 +48,11 @@ __device__ __forceinline__ unsigned hash32(unsigned long long x) {
   x ^= x >> 33;
   return static_cast<unsigned>(x);
 }
-__global__ void fill_random_bytes(unsigned char* p, long long n, unsigned seed) {
+// mask: AND-ed into every byte (0xFE keeps fp8 e4m3 bytes off NaN)
+__global__ void fill_random_bytes(unsigned char* p, long long n, unsigned seed,
+                                  unsigned char mask = 0xFF) {
   for (long long i = blockIdx.x * 256LL + threadIdx.x; i < n; i += 256LL * gridDim.x)
-    p[i] = static_cast<unsigned char>(hash32(i * 2654435761ULL + seed));
+    p[i] = static_cast<unsigned char>(hash32(i * 2654435761ULL + seed)) & mask;
 }
 __global__ void fill_random_half(__half* p, long long n, unsigned seed) {
   for (long long i = blockIdx.x * 256LL + threadIdx.x; i < n; i += 256LL * gridDim.x)
@@ -67,6 +81,12 @@ __global__ void fill_tq_slots(unsigned char* cache, long long n_slots, int slot,
     *reinterpret_cast<__half*>(s + sz_off + 2) = __float2half(-0.5f + ((hsh >> 18) & 255) / 512.0f);
   }
 }
+// dst[i] = unit[i % unit_bytes] for i < n (a cache made of one repeated row/record/slot)
+__global__ void replicate_unit(unsigned char* dst, long long n, const unsigned char* unit,
+                               int unit_bytes) {
+  for (long long i = blockIdx.x * 256LL + threadIdx.x; i < n; i += 256LL * gridDim.x)
+    dst[i] = unit[i % unit_bytes];
+}
 __global__ void read_kernel(const float4* p, long long n, float* out) {
   float4 acc = make_float4(0, 0, 0, 0);
   for (long long i = blockIdx.x * 256LL + threadIdx.x; i < n; i += 256LL * gridDim.x) {
@@ -86,9 +106,16 @@ __global__ void copy_kernel(const float4* a, float4* b, long long n) {
 template <typename T>
 struct Dev {
   T* p = nullptr;
-  explicit Dev(std::size_t n) { KVARN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T) + 16)); }
+  std::size_t n = 0;
+  explicit Dev(std::size_t count) : n(count) {
+    KVARN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T) + 16));
+  }
   ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  unsigned char* bytes() const { return reinterpret_cast<unsigned char*>(p); }
 };
+using Bytes = Dev<unsigned char>;
 
 int grid() {
   int sms = 132;
@@ -105,24 +132,47 @@ cudaStream_t bench_stream() {
   return s;
 }
 
-// Runs f() `reps` times between events, median in seconds. flush: write a 256 MiB buffer first.
+// Reads a buffer of three times the L2 (at least 2x, as the flush must) on the bench stream.
+void flush_l2_by_reading() {
+  static const long long bytes = [] {
+    int l2 = 50 << 20;
+    cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0);
+    return (3LL * l2 + 15) / 16 * 16;
+  }();
+  static Dev<float4> buf(bytes / 16);
+  static Dev<float> sink(1);
+  static const bool filled = [] {
+    fill_random_bytes<<<grid(), 256>>>(buf.bytes(), bytes, 99);
+    KVARN_CUDA_CHECK(cudaDeviceSynchronize());
+    return true;
+  }();
+  (void)filled;
+  read_kernel<<<grid(), 256, 0, bench_stream()>>>(buf.p, bytes / 16, sink.p);
+}
+long long flush_bytes() {
+  int l2 = 50 << 20;
+  cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0);
+  return 3LL * l2;
+}
+
+// Runs f() `reps` times between events, median in seconds; with flush, the L2 is flushed by
+// reading before every repetition (outside the events).
 template <typename F>
 double time_median(F f, int reps, bool flush) {
-  static Dev<unsigned char> l2(256u << 20);
   const cudaStream_t st = bench_stream();
   cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
+  KVARN_CUDA_CHECK(cudaEventCreate(&a));
+  KVARN_CUDA_CHECK(cudaEventCreate(&b));
   for (int i = 0; i < 2; ++i) f();
   std::vector<float> ms;
   for (int i = 0; i < reps; ++i) {
-    if (flush) cudaMemsetAsync(l2.p, i & 0xff, 256u << 20, st);
-    cudaEventRecord(a, st);
+    if (flush) flush_l2_by_reading();
+    KVARN_CUDA_CHECK(cudaEventRecord(a, st));
     f();
-    cudaEventRecord(b, st);
-    cudaEventSynchronize(b);
+    KVARN_CUDA_CHECK(cudaEventRecord(b, st));
+    KVARN_CUDA_CHECK(cudaEventSynchronize(b));
     float t;
-    cudaEventElapsedTime(&t, a, b);
+    KVARN_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
     ms.push_back(t);
   }
   KVARN_CUDA_CHECK(cudaGetLastError());
@@ -136,10 +186,10 @@ void BM_ReadBandwidth(benchmark::State& st) {
   const long long bytes = 4LL << 30, n = bytes / 16;
   Dev<float4> buf(n);
   Dev<float> out(1);
-  fill_random_bytes<<<grid(), 256>>>(reinterpret_cast<unsigned char*>(buf.p), bytes, 1);
+  fill_random_bytes<<<grid(), 256>>>(buf.bytes(), bytes, 1);
   KVARN_CUDA_CHECK(cudaDeviceSynchronize());
   for (auto _ : st) {
-    const double t = time_median([&] { read_kernel<<<grid(), 256, 0, bench_stream()>>>(buf.p, n, out.p); }, 20, false);
+    const double t = time_median([&] { read_kernel<<<grid(), 256, 0, bench_stream()>>>(buf.p, n, out.p); }, 20, true);
     st.SetIterationTime(t);
     st.counters["bytes_read"] = static_cast<double>(bytes);
     st.counters["TBps"] = bytes / t * 1e-12;
@@ -148,10 +198,10 @@ void BM_ReadBandwidth(benchmark::State& st) {
 void BM_CopyBandwidth(benchmark::State& st) {
   const long long bytes = 2LL << 30, n = bytes / 16;
   Dev<float4> a(n), b(n);
-  fill_random_bytes<<<grid(), 256>>>(reinterpret_cast<unsigned char*>(a.p), bytes, 2);
+  fill_random_bytes<<<grid(), 256>>>(a.bytes(), bytes, 2);
   KVARN_CUDA_CHECK(cudaDeviceSynchronize());
   for (auto _ : st) {
-    const double t = time_median([&] { copy_kernel<<<grid(), 256, 0, bench_stream()>>>(a.p, b.p, n); }, 20, false);
+    const double t = time_median([&] { copy_kernel<<<grid(), 256, 0, bench_stream()>>>(a.p, b.p, n); }, 20, true);
     st.SetIterationTime(t);
     st.counters["bytes_moved"] = 2.0 * bytes;
     st.counters["TBps"] = 2.0 * bytes / t * 1e-12;
@@ -170,11 +220,11 @@ kvarn::KvarnConfig kvarn_cfg(int kb, int vb) {
 // produces every 128 generated tokens (one per sequence and KV head), i.e. its real latency.
 void BM_Store(benchmark::State& st, int kb, int vb, int blocks = 1024) {
   const auto cfg = kvarn_cfg(kb, vb);
-  const int d = 128, g = 128, heads = 8;
+  const int d = kHeadDim, g = 128, heads = 8;
   const auto lay = kvarn::kvarn_record_layout(d, cfg);
   const long long elems = static_cast<long long>(blocks) * g * heads * d;
   Dev<__half> k(elems), v(elems);
-  Dev<unsigned char> rec(static_cast<std::size_t>(blocks) * heads * lay.aligned);
+  Bytes rec(static_cast<std::size_t>(blocks) * heads * lay.aligned);
   fill_random_half<<<grid(), 256>>>(k.p, elems, 3);
   fill_random_half<<<grid(), 256>>>(v.p, elems, 4);
   KVARN_CUDA_CHECK(cudaDeviceSynchronize());
@@ -189,7 +239,7 @@ void BM_Store(benchmark::State& st, int kb, int vb, int blocks = 1024) {
   t.records = rec.p;
   for (auto _ : st) {
     const double s = time_median([&] { kvarn::cuda::kvarn_store(cfg, d, t, bench_stream()); },
-                                 blocks >= 1024 ? 5 : 15, false);
+                                 blocks >= 1024 ? 5 : 15, true);
     st.SetIterationTime(s);
     st.counters["tiles"] = t.num_tiles;
     st.counters["tiles_per_s"] = t.num_tiles / s;
@@ -202,170 +252,280 @@ struct DecodeCaseB {
   int hq, hkv, batch, ctx;
 };
 
-kvarn::cuda::TqDecodeConfig tq_cfg(const std::string& f) {
-  if (f == "tq3") return {3, 3, true};
-  if (f == "tqk8v4") return {8, 4, false};
-  return {4, 4, true};
+// One region of the cache: random content for timing, constant content for the closed form.
+struct Region {
+  unsigned char* p;
+  long long bytes;
+  std::vector<std::uint8_t> unit;  // the repeated unit of the constant cache
+};
+
+// One benchmarked decode shape: problem, device buffers, bytes read, and the closed form.
+struct DecodeSetup {
+  kvarn::cuda::DecodeProblem p;
+  kvarn::cuda::DecodeBuffers bf;
+  std::vector<std::unique_ptr<Bytes>> keep;
+  std::vector<Region> regions;
+  std::vector<float> expected;  // [D]: every output row of the constant cache
+  double kv_bytes = 0;
+  long long out_elems = 0;
+
+  unsigned char* alloc(long long bytes) {
+    keep.push_back(std::make_unique<Bytes>(static_cast<std::size_t>(bytes)));
+    return keep.back()->p;
+  }
+  template <typename T>
+  T* upload(const std::vector<T>& h) {
+    auto* d = reinterpret_cast<T*>(alloc(static_cast<long long>(h.size() * sizeof(T))));
+    KVARN_CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+  }
+};
+
+std::vector<std::uint8_t> half_row(const std::vector<float>& x) {
+  std::vector<std::uint8_t> out(x.size() * 2);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const std::uint16_t h = kvarn::float_to_half_bits(x[i]);
+    out[2 * i] = h & 0xff;
+    out[2 * i + 1] = h >> 8;
+  }
+  return out;
+}
+
+// Channel pattern of the constant caches: smooth, signed, not constant.
+std::vector<float> channel_pattern(int d, float phase) {
+  std::vector<float> v(d);
+  for (int x = 0; x < d; ++x) v[x] = 0.8f * std::sin(0.37f * x + phase) + 0.1f;
+  return v;
+}
+
+// Block table (identity), lengths, query, output and workspace: common to every format.
+void setup_common(DecodeSetup& s, int nb) {
+  const auto& p = s.p;
+  std::vector<int> table(static_cast<std::size_t>(p.batch) * nb);
+  for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int>(i);
+  s.bf.block_table = s.upload(table);
+  s.out_elems = static_cast<long long>(p.batch) * p.num_q_heads * p.head_dim;
+  auto* q = reinterpret_cast<__half*>(s.alloc(s.out_elems * 2));
+  fill_random_half<<<grid(), 256>>>(q, s.out_elems, 8);
+  s.bf.q = reinterpret_cast<const std::uint16_t*>(q);
+  s.bf.out = reinterpret_cast<std::uint16_t*>(s.alloc(s.out_elems * 2));
+  s.bf.workspace = s.alloc(static_cast<long long>(kvarn::cuda::decode_workspace_bytes(p)));
 }
 
 // TurboQuant: vLLM's block size 16, one slot per (token, KV head), no fp16 region.
-void BM_DecodeTq(benchmark::State& st, DecodeCaseB c) {
-  const int d = 128, page = 16;
-  const int nb = (c.ctx + page - 1) / page;
-  kvarn::cuda::DecodeProblem p;
+void setup_tq(DecodeSetup& s, const DecodeCaseB& c) {
+  const int d = kHeadDim, page = 16, nb = (c.ctx + page - 1) / page;
+  auto& p = s.p;
   p.format = DecodeFormat::kTurboQuant;
-  p.batch = c.batch;
-  p.num_q_heads = c.hq;
-  p.num_kv_heads = c.hkv;
-  p.head_dim = d;
   p.block_size = page;
   p.max_blocks = nb;
-  p.tq = tq_cfg(c.fmt);
+  p.tq = c.fmt == "tq3" ? kvarn::cuda::TqDecodeConfig{3, 3, true}
+         : c.fmt == "tqk8v4" ? kvarn::cuda::TqDecodeConfig{8, 4, false}
+                             : kvarn::cuda::TqDecodeConfig{4, 4, true};
   const int slot = kvarn::cuda::turboquant_slot_bytes(d, p.tq);
-  const long long num_blocks = static_cast<long long>(c.batch) * nb;
-  const long long n_slots = num_blocks * c.hkv * page;
-  Dev<unsigned char> cache(n_slots * slot);
-  fill_random_bytes<<<grid(), 256>>>(cache.p, n_slots * slot, 9);
+  const long long n_slots = static_cast<long long>(c.batch) * nb * c.hkv * page;
+  unsigned char* cache = s.alloc(n_slots * slot);
   const int kb = p.tq.key_bits, vb = p.tq.value_bits;
+  fill_random_bytes<<<grid(), 256>>>(cache, n_slots * slot, 9);
   const int key_bytes = kb == 8 ? d : d * kb / 8 + 2;
-  fill_tq_slots<<<grid(), 256>>>(cache.p, n_slots, slot, kb == 8 ? -1 : d * kb / 8,
+  fill_tq_slots<<<grid(), 256>>>(cache, n_slots, slot, kb == 8 ? -1 : d * kb / 8,
                                  kb == 8 ? d : 0, key_bytes + d * vb / 8);
-  std::vector<int> table(num_blocks), lens(c.batch, c.ctx);
-  for (long long i = 0; i < num_blocks; ++i) table[i] = static_cast<int>(i);
-  Dev<int> dtable(table.size()), dlens(lens.size());
-  cudaMemcpy(dtable.p, table.data(), table.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(dlens.p, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice);
-  const long long qe = static_cast<long long>(c.batch) * c.hq * d;
-  Dev<__half> q(qe), out(qe);
-  fill_random_half<<<grid(), 256>>>(q.p, qe, 8);
-  Dev<unsigned char> ws(kvarn::cuda::decode_workspace_bytes(p));
-  kvarn::cuda::DecodeBuffers bf;
-  bf.q = reinterpret_cast<const std::uint16_t*>(q.p);
-  bf.out = reinterpret_cast<std::uint16_t*>(out.p);
-  bf.block_table = dtable.p;
-  bf.seq_lens = dlens.p;
-  bf.k_pool = cache.p;
-  bf.workspace = ws.p;
-  KVARN_CUDA_CHECK(cudaDeviceSynchronize());
-  const double kv_bytes = static_cast<double>(c.batch) * c.hkv * c.ctx * slot;
-  const double bytes = kv_bytes + qe * 2.0 * 2 + num_blocks * 4.0;
-  const bool flush = bytes < 200e6;
-  const int reps = bytes > 20e9 ? 7 : 25;
-  const cudaStream_t s = bench_stream();
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  KVARN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  kvarn::cuda::paged_decode(p, bf, s);
-  KVARN_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  KVARN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (auto _ : st) {
-    const double t = time_median([&] { cudaGraphLaunch(exec, s); }, reps, flush);
-    st.SetIterationTime(t);
-    st.counters["bytes_read"] = bytes;
-    st.counters["kv_bytes"] = kv_bytes;
-    st.counters["TBps"] = bytes / t * 1e-12;
-    st.counters["fp16_kv_bytes"] = static_cast<double>(c.batch) * c.hkv * c.ctx * d * 4.0;
-    st.counters["splits"] = kvarn::cuda::decode_num_splits(p);
+  s.bf.k_pool = cache;
+  s.kv_bytes = static_cast<double>(c.batch) * c.hkv * c.ctx * slot;
+  // closed form: one slot encoded by core's codecs, repeated; the output is its V reconstruction
+  kvarn::TurboQuantConfig tc;
+  tc.key_bits = kb;
+  tc.value_bits = vb;
+  tc.norm_correction = p.tq.nc;
+  tc.boundary = 0;
+  const kvarn::TurboQuantMethod method(tc);
+  const kvarn::LayerContext layer{0, 1};
+  std::vector<std::uint8_t> unit;
+  std::vector<float> krec(d);
+  s.expected.assign(d, 0.0f);
+  for (auto kind : {kvarn::StreamKind::kKey, kvarn::StreamKind::kValue}) {
+    const bool key = kind == kvarn::StreamKind::kKey;
+    auto codec = method.make_codec(kind, d, layer);
+    const auto row = channel_pattern(d, key ? 0.3f : 1.1f);
+    kvarn::Chunk ch;
+    codec->encode(row.data(), 1, &ch, key ? krec.data() : s.expected.data());
+    for (const auto& f : ch.fields) unit.insert(unit.end(), f.bytes.begin(), f.bytes.end());
   }
-  KVARN_CUDA_CHECK(cudaStreamSynchronize(s));
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  unit.resize(slot, 0);
+  s.regions.push_back({cache, n_slots * slot, unit});
+  setup_common(s, nb);
 }
 
-void BM_Decode(benchmark::State& st, DecodeCaseB c) {
-  if (c.fmt.rfind("tq", 0) == 0) return BM_DecodeTq(st, c);
-  const int d = 128, g = 128;
+// KVarN records (block 0 of each sequence in the fp16 sink pool), FP16 or FP8 pages.
+void setup_kvarn_fp(DecodeSetup& s, const DecodeCaseB& c) {
+  const int d = kHeadDim, g = 128, nb = (c.ctx + g - 1) / g;
+  auto& p = s.p;
   const bool kv = c.fmt[0] == 'k';
-  const int nb = (c.ctx + g - 1) / g;
-  kvarn::cuda::DecodeProblem p;
   p.format = kv ? DecodeFormat::kKvarn : c.fmt == "fp16" ? DecodeFormat::kFp16 : DecodeFormat::kFp8;
-  p.batch = c.batch;
-  p.num_q_heads = c.hq;
-  p.num_kv_heads = c.hkv;
-  p.head_dim = d;
   p.block_size = g;
   p.max_blocks = nb;
   if (kv) p.kvarn = kvarn_cfg(4, c.fmt == "k4v2" ? 2 : 4);
   const auto lay = kvarn::kvarn_record_layout(d, p.kvarn);
   const long long num_blocks = static_cast<long long>(c.batch) * nb;
-  const int slots = kv ? c.batch : 0;  // sink block of each sequence in the fp16 pool
   const long long page_elems = static_cast<long long>(c.hkv) * g * d;
-  const long long pool_blocks = kv ? slots : num_blocks;
-  const std::size_t elem = p.format == DecodeFormat::kFp8 ? 1 : 2;
-  Dev<unsigned char> kpool(pool_blocks * page_elems * elem), vpool(pool_blocks * page_elems * elem);
-  Dev<unsigned char> rec(kv ? num_blocks * c.hkv * lay.aligned : 1);
-  if (p.format == DecodeFormat::kFp8) {
-    fill_random_bytes<<<grid(), 256>>>(kpool.p, pool_blocks * page_elems, 5);
-    fill_random_bytes<<<grid(), 256>>>(vpool.p, pool_blocks * page_elems, 6);
+  const long long pool_blocks = kv ? c.batch : num_blocks;  // KVarN: one sink slot per sequence
+  const bool fp8 = p.format == DecodeFormat::kFp8;
+  const long long pool_bytes = pool_blocks * page_elems * (fp8 ? 1 : 2);
+  unsigned char* kpool = s.alloc(pool_bytes);
+  unsigned char* vpool = s.alloc(pool_bytes);
+  if (fp8) {
+    fill_random_bytes<<<grid(), 256>>>(kpool, pool_bytes, 5, 0xFE);
+    fill_random_bytes<<<grid(), 256>>>(vpool, pool_bytes, 6, 0xFE);
   } else {
-    fill_random_half<<<grid(), 256>>>(reinterpret_cast<__half*>(kpool.p), pool_blocks * page_elems, 5);
-    fill_random_half<<<grid(), 256>>>(reinterpret_cast<__half*>(vpool.p), pool_blocks * page_elems, 6);
+    fill_random_half<<<grid(), 256>>>(reinterpret_cast<__half*>(kpool), pool_bytes / 2, 5);
+    fill_random_half<<<grid(), 256>>>(reinterpret_cast<__half*>(vpool), pool_bytes / 2, 6);
   }
-  if (kv) {
-    const long long n_rec = num_blocks * c.hkv;
-    fill_random_bytes<<<grid(), 256>>>(rec.p, n_rec * lay.aligned, 7);
-    fill_scales<<<grid(), 256>>>(rec.p, n_rec, lay.aligned, lay.s_col_k, lay.v_codes);
-    fill_scales<<<grid(), 256>>>(rec.p, n_rec, lay.aligned, lay.s_col_v, lay.end);
+  s.bf.k_pool = kpool;
+  s.bf.v_pool = vpool;
+  const std::vector<float> scales(c.hkv, 0.01f);
+  s.bf.k_scale = s.upload(scales);
+  s.bf.v_scale = s.upload(scales);
+  const auto kc = channel_pattern(d, 0.3f), vc = channel_pattern(d, 1.1f);
+  if (!kv) {
+    s.kv_bytes = static_cast<double>(c.batch) * c.hkv * c.ctx * d * 2.0 * (fp8 ? 1 : 2);
+    std::vector<std::uint8_t> ku, vu;
+    s.expected.assign(d, 0.0f);
+    if (fp8) {
+      for (int x = 0; x < d; ++x) {
+        ku.push_back(kvarn::float_to_fp8_bits(kc[x] / 0.01f, kvarn::Fp8Format::kE4M3));
+        vu.push_back(kvarn::float_to_fp8_bits(vc[x] / 0.01f, kvarn::Fp8Format::kE4M3));
+        s.expected[x] = kvarn::fp8_bits_to_float(vu.back(), kvarn::Fp8Format::kE4M3) * 0.01f;
+      }
+    } else {
+      ku = half_row(kc);
+      vu = half_row(vc);
+      for (int x = 0; x < d; ++x) s.expected[x] = kvarn::round_to_half(vc[x]);
+    }
+    s.regions.push_back({kpool, pool_bytes, ku});
+    s.regions.push_back({vpool, pool_bytes, vu});
+    setup_common(s, nb);
+    return;
   }
-  std::vector<int> table(num_blocks), lens(c.batch, c.ctx), to_slot(kv ? num_blocks : 1, -1);
-  for (long long i = 0; i < num_blocks; ++i) table[i] = static_cast<int>(i);
-  if (kv)
-    for (int b = 0; b < c.batch; ++b) to_slot[static_cast<long long>(b) * nb] = b;
-  Dev<int> dtable(table.size()), dlens(lens.size()), dslot(to_slot.size());
-  cudaMemcpy(dtable.p, table.data(), table.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(dlens.p, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(dslot.p, to_slot.data(), to_slot.size() * 4, cudaMemcpyHostToDevice);
-  std::vector<float> scales(c.hkv, 0.01f);
-  Dev<float> ksc(c.hkv), vsc(c.hkv);
-  cudaMemcpy(ksc.p, scales.data(), c.hkv * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(vsc.p, scales.data(), c.hkv * 4, cudaMemcpyHostToDevice);
-  const long long qe = static_cast<long long>(c.batch) * c.hq * d;
-  Dev<__half> q(qe), out(qe);
-  fill_random_half<<<grid(), 256>>>(q.p, qe, 8);
-  Dev<unsigned char> ws(kvarn::cuda::decode_workspace_bytes(p));
-  kvarn::cuda::DecodeBuffers bf;
-  bf.q = reinterpret_cast<const std::uint16_t*>(q.p);
-  bf.out = reinterpret_cast<std::uint16_t*>(out.p);
-  bf.block_table = dtable.p;
-  bf.seq_lens = dlens.p;
-  bf.records = rec.p;
-  bf.block_to_slot = dslot.p;
-  bf.k_pool = kpool.p;
-  bf.v_pool = vpool.p;
-  bf.k_scale = ksc.p;
-  bf.v_scale = vsc.p;
-  bf.workspace = ws.p;
-  KVARN_CUDA_CHECK(cudaDeviceSynchronize());
-  // bytes the kernel must read: KV (records + fp16 sink) + q + table
-  double kv_bytes;
-  if (kv) {
-    kv_bytes = static_cast<double>(c.batch) * c.hkv *
+  const long long n_rec = num_blocks * c.hkv;
+  unsigned char* rec = s.alloc(n_rec * lay.aligned);
+  fill_random_bytes<<<grid(), 256>>>(rec, n_rec * lay.aligned, 7);
+  fill_scales<<<grid(), 256>>>(rec, n_rec, lay.aligned, lay.s_col_k, lay.v_codes);
+  fill_scales<<<grid(), 256>>>(rec, n_rec, lay.aligned, lay.s_col_v, lay.end);
+  std::vector<int> to_slot(num_blocks, -1);
+  for (int b = 0; b < c.batch; ++b) to_slot[static_cast<long long>(b) * nb] = b;
+  s.bf.records = rec;
+  s.bf.block_to_slot = s.upload(to_slot);
+  s.kv_bytes = static_cast<double>(c.batch) * c.hkv *
                ((nb - 1) * static_cast<double>(lay.aligned) + 2.0 * std::min(c.ctx, g) * d * 2);
-  } else {
-    kv_bytes = static_cast<double>(c.batch) * c.hkv * c.ctx * d * 2.0 * elem;
+  // closed form: one record of equal K codes and constant K scales (identical K rows, so the
+  // attention is uniform), V scales with a channel pattern; the sink pool holds the record's own
+  // decoded rows in fp16. Output = inverse rotation of the mean decoded V row.
+  std::vector<std::uint8_t> r(lay.aligned, 0);
+  std::fill(r.begin(), r.begin() + lay.s_col_k, 0x55);  // every K code equal, any width
+  std::fill(r.begin() + lay.v_codes, r.begin() + lay.s_col_v, 0xA5);
+  auto put = [&](std::size_t from, std::size_t to, bool pattern) {
+    for (std::size_t o = from, i = 0; o + 1 < to; o += 2, ++i) {
+      const float v = pattern ? 0.05f + 0.03f * std::fabs(vc[i % d]) : 0.07f;
+      const std::uint16_t h = kvarn::float_to_half_bits(v);
+      r[o] = h & 0xff;
+      r[o + 1] = h >> 8;
+    }
+  };
+  put(lay.s_col_k, lay.v_codes, false);
+  put(lay.s_col_v, lay.end, true);
+  std::vector<float> kd(static_cast<std::size_t>(g) * d), vd(kd.size());
+  kvarn::kvarn_decode_stream(kvarn::StreamKind::kKey, lay, r.data(), kd.data());
+  kvarn::kvarn_decode_stream(kvarn::StreamKind::kValue, lay, r.data(), vd.data());
+  std::vector<float> mean(d, 0.0f);
+  for (int t = 0; t < g; ++t)
+    for (int x = 0; x < d; ++x) mean[x] += kvarn::round_to_half(vd[t * d + x]) / g;
+  const kvarn::Rotation rot(p.kvarn.rotation, d);
+  rot.inverse(mean.data(), 1);
+  s.expected = mean;
+  // the sink pool repeats the decoded rows: page unit = [g, d] fp16
+  s.regions.push_back({rec, n_rec * static_cast<long long>(lay.aligned), r});
+  s.regions.push_back({kpool, pool_bytes, half_row(kd)});
+  s.regions.push_back({vpool, pool_bytes, half_row(vd)});
+  setup_common(s, nb);
+}
+
+// Finite output; with constant caches, every row equal to `expected` within the bound.
+std::string check_output(const DecodeSetup& s, bool closed_form, double* max_err) {
+  std::vector<std::uint16_t> out(s.out_elems);
+  KVARN_CUDA_CHECK(cudaMemcpy(out.data(), s.bf.out, out.size() * 2, cudaMemcpyDeviceToHost));
+  const int d = s.p.head_dim;
+  double emax = 0;
+  for (float e : s.expected) emax = std::max(emax, std::fabs(double(e)));
+  const double bound = 4e-3 * emax + 1e-4;
+  *max_err = 0;
+  for (long long i = 0; i < s.out_elems; ++i) {
+    const float v = kvarn::half_bits_to_float(out[i]);
+    if (!std::isfinite(v)) return "non-finite output at element " + std::to_string(i);
+    if (closed_form) *max_err = std::max(*max_err, std::fabs(double(v) - s.expected[i % d]));
   }
-  const double bytes = kv_bytes + qe * 2.0 * 2 + num_blocks * 4.0;
-  const bool flush = bytes < 200e6;
+  if (closed_form && *max_err > bound)
+    return "closed-form output off by " + std::to_string(*max_err) + " > " + std::to_string(bound);
+  return "";
+}
+
+void BM_Decode(benchmark::State& st, const DecodeCaseB& c) {
+  DecodeSetup s;
+  s.p.batch = c.batch;
+  s.p.num_q_heads = c.hq;
+  s.p.num_kv_heads = c.hkv;
+  s.p.head_dim = kHeadDim;
+  if (c.fmt.rfind("tq", 0) == 0) {
+    setup_tq(s, c);
+  } else {
+    setup_kvarn_fp(s, c);
+  }
+  std::vector<int> lens(c.batch, c.ctx);
+  s.bf.seq_lens = s.upload(lens);
+  KVARN_CUDA_CHECK(cudaDeviceSynchronize());
+  const double q_out_table = s.out_elems * 2.0 * 2 + 4.0 * c.batch * s.p.max_blocks;
+  const double bytes = s.kv_bytes + q_out_table;
   const int reps = bytes > 20e9 ? 7 : 25;
-  const cudaStream_t s = bench_stream();
+  const cudaStream_t stream = bench_stream();
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  KVARN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  kvarn::cuda::paged_decode(p, bf, s);
-  KVARN_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  KVARN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  kvarn::cuda::paged_decode(s.p, s.bf, stream);
+  KVARN_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   KVARN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  double t = 0;
   for (auto _ : st) {
-    const double t = time_median([&] { cudaGraphLaunch(exec, s); }, reps, flush);
+    t = time_median([&] { KVARN_CUDA_CHECK(cudaGraphLaunch(exec, stream)); }, reps, true);
     st.SetIterationTime(t);
-    st.counters["bytes_read"] = bytes;
-    st.counters["kv_bytes"] = kv_bytes;
-    st.counters["TBps"] = bytes / t * 1e-12;
-    st.counters["fp16_kv_bytes"] = static_cast<double>(c.batch) * c.hkv * c.ctx * d * 4.0;
-    st.counters["splits"] = kvarn::cuda::decode_num_splits(p);
   }
-  KVARN_CUDA_CHECK(cudaStreamSynchronize(s));
+  KVARN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  double err = 0;
+  std::string bad = check_output(s, false, &err);
+  if (bad.empty()) {
+    for (Region& r : s.regions) {
+      Bytes unit(r.unit.size());
+      KVARN_CUDA_CHECK(cudaMemcpy(unit.p, r.unit.data(), r.unit.size(), cudaMemcpyHostToDevice));
+      replicate_unit<<<grid(), 256>>>(r.p, r.bytes, unit.p, static_cast<int>(r.unit.size()));
+      KVARN_CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    KVARN_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    KVARN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    bad = check_output(s, true, &err);
+  }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+  if (!bad.empty()) {
+    std::fprintf(stderr, "decode/%s hq%d b%d ctx%d: %s\n", c.fmt.c_str(), c.hq, c.batch, c.ctx,
+                 bad.c_str());
+    st.SkipWithError(("output check failed: " + bad).c_str());
+    return;
+  }
+  st.counters["bytes_read"] = bytes;
+  st.counters["kv_bytes"] = s.kv_bytes;
+  st.counters["TBps"] = bytes / t * 1e-12;
+  st.counters["fp16_kv_bytes"] = static_cast<double>(c.batch) * c.hkv * c.ctx * kHeadDim * 4.0;
+  st.counters["splits"] = kvarn::cuda::decode_num_splits(s.p);
+  st.counters["closed_form_max_err"] = err;
+  st.counters["flush_bytes"] = static_cast<double>(flush_bytes());
 }
 
 }  // namespace
@@ -375,36 +535,40 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "no CUDA device\n");
     return 0;
   }
-  benchmark::RegisterBenchmark("roofline/read", BM_ReadBandwidth)->UseManualTime()->Iterations(1)->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("roofline/copy", BM_CopyBandwidth)->UseManualTime()->Iterations(1)->Unit(benchmark::kMicrosecond);
+  auto reg = [](const std::string& name, auto fn) {
+    benchmark::RegisterBenchmark(name.c_str(), fn)
+        ->UseManualTime()
+        ->Iterations(1)
+        ->Unit(benchmark::kMicrosecond);
+  };
+  reg("roofline/read", BM_ReadBandwidth);
+  reg("roofline/copy", BM_CopyBandwidth);
   for (auto [kb, vb] : std::vector<std::pair<int, int>>{{4, 2}, {4, 4}})
-    benchmark::RegisterBenchmark(("store/k" + std::to_string(kb) + "v" + std::to_string(vb)).c_str(),
-                                 [kb, vb](benchmark::State& s) { BM_Store(s, kb, vb); })
-        ->UseManualTime()->Iterations(1)->Unit(benchmark::kMicrosecond);
+    reg("store/k" + std::to_string(kb) + "v" + std::to_string(vb),
+        [kb, vb](benchmark::State& s) { BM_Store(s, kb, vb); });
   for (int batch : {1, 8, 32, 128, 1024})
-    benchmark::RegisterBenchmark(("store_launch/k4v2/b" + std::to_string(batch)).c_str(),
-                                 [batch](benchmark::State& s) { BM_Store(s, 4, 2, batch); })
-        ->UseManualTime()->Iterations(1)->Unit(benchmark::kMicrosecond);
+    reg("store_launch/k4v2/b" + std::to_string(batch),
+        [batch](benchmark::State& s) { BM_Store(s, 4, 2, batch); });
   const double max_bytes = 100.0 * (1ULL << 30);
   for (auto [hq, hkv] : std::vector<std::pair<int, int>>{{32, 8}, {64, 8}})
     for (int batch : {1, 8, 32, 128})
       for (int ctx : {1024, 2048, 4096, 16384, 32768, 65536, 131072})
         for (const char* f : {"fp16", "k4v2", "k4v4", "fp8", "tq4", "tq3", "tqk8v4"}) {
-          const double fp16_bytes = static_cast<double>(batch) * hkv * ctx * 128 * 4.0;
+          const double fp16_bytes = static_cast<double>(batch) * hkv * ctx * kHeadDim * 4.0;
           if (fp16_bytes > max_bytes) continue;
-          DecodeCaseB c{f, hq, hkv, batch, ctx};
-          const std::string name = std::string("decode/") + f + "/hq" + std::to_string(hq) +
-                                   "/hkv" + std::to_string(hkv) + "/b" + std::to_string(batch) +
-                                   "/ctx" + std::to_string(ctx);
-          benchmark::RegisterBenchmark(name.c_str(), [c](benchmark::State& s) {
-            if (elapsed_s() > budget_s()) {
-              s.SkipWithError("time budget exhausted");
-              for (auto _ : s) {
-              }
-              return;
-            }
-            BM_Decode(s, c);
-          })->UseManualTime()->Iterations(1)->Unit(benchmark::kMicrosecond);
+          const DecodeCaseB c{f, hq, hkv, batch, ctx};
+          reg(std::string("decode/") + f + "/hq" + std::to_string(hq) + "/hkv" +
+                  std::to_string(hkv) + "/b" + std::to_string(batch) + "/ctx" +
+                  std::to_string(ctx),
+              [c](benchmark::State& s) {
+                if (elapsed_s() > budget_s()) {
+                  s.SkipWithError("time budget exhausted");
+                  for (auto _ : s) {
+                  }
+                  return;
+                }
+                BM_Decode(s, c);
+              });
         }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

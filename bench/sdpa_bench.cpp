@@ -3,7 +3,10 @@
 // fp16 q [B, Hq, 1, 128], contiguous K/V [B, Hkv, T, 128] from randn, enable_gqa (no K/V repeat),
 // the flash backend alone (as sdpa_kernel(FLASH_ATTENTION)), else the default backends; same
 // shapes and memory cap as bench/gpu_decode_bench.cu. Google Benchmark, manual timing with CUDA
-// events, median of 25 repetitions (7 above 20 GB), 256 MiB L2 flush below 200 MB. Each step is
+// events, median of 25 repetitions (7 above 20 GB); before every repetition the L2 is flushed by
+// reading a buffer of three times its size, as gpu_decode_bench does. After timing, the output
+// must be finite and, with constant K rows and a V channel pattern, equal that pattern (uniform
+// attention); a shape that fails reports an error instead of a time. Each step is
 // also captured once into a CUDA graph and replayed, as gpu_decode_bench does for our kernels:
 // time_s is the graph median (the eager median is kept in time_eager_s), eager where capture
 // fails. Only torch's compiled CUDA entry points are used (no direct CUDA runtime calls), so the
@@ -11,13 +14,15 @@
 //
 // Flags (the rest go to Google Benchmark, e.g. --benchmark_filter=hq32/hkv8/b8/):
 //   --out=FILE     JSON list as gpu_sdpa.py writes it: {hq, hkv, batch, ctx, time_s, kv_bytes,
-//                  backend} plus time_eager_s, time_graph_s, graph, reps, flushed, source
+//                  backend} plus time_eager_s, time_graph_s, graph, reps, flush,
+//                  closed_form_max_err, source
 //   --budget=S     no new shape is started after S seconds (default 120)
 //   --max_kv_gib=G skip shapes whose K+V exceed G GiB (default 100, as gpu_decode_bench)
 //   --no_graph     eager timing only
 //   --torch_version  print the torch version this binary was built against and exit
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <benchmark/benchmark.h>
 #include <c10/core/Event.h>
@@ -47,9 +52,7 @@
 namespace {
 
 constexpr int kHeadDim = 128;
-constexpr double kFlushBelowBytes = 200e6;  // working sets that L2 (50 MB) could partly hold
 constexpr double kFewRepsAboveBytes = 20e9;
-constexpr std::int64_t kFlushBytes = 256LL << 20;
 
 struct Options {
   std::string out;
@@ -71,18 +74,29 @@ c10::Stream bench_stream() {
   return s;
 }
 
-// Runs f() `reps` times between timing events (two warm-up calls first), median in seconds.
-// flush: overwrite a 256 MiB buffer before each repetition so K/V are not served from L2.
-template <typename F>
-double time_median(F&& f, int reps, bool flush) {
+// Reads a buffer of three times the L2 (the flush must read at least twice the L2: a write
+// would leave dirty lines whose write-back lands in the timed step).
+void flush_l2_by_reading() {
   // never freed: a static tensor would be destroyed after the CUDA context at exit
-  static at::Tensor& l2 = *new at::Tensor(
-      at::empty({kFlushBytes}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA)));
+  static at::Tensor& buf = *new at::Tensor([] {
+    const std::int64_t l2 = at::cuda::getCurrentDeviceProperties()->l2CacheSize;
+    return at::randint(0, 1 << 30, {(3 * l2 + 3) / 4},
+                       at::TensorOptions().dtype(at::kInt).device(at::kCUDA));
+  }());
+  static at::Tensor& sink = *new at::Tensor(
+      at::empty({}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA)));
+  at::sum_out(sink, buf);
+}
+
+// Runs f() `reps` times between timing events (two warm-up calls first), median in seconds,
+// the L2 flushed by reading before every repetition.
+template <typename F>
+double time_median(F&& f, int reps) {
   const c10::Stream st = bench_stream();
   for (int i = 0; i < 2; ++i) f();
   std::vector<double> ms;
   for (int i = 0; i < reps; ++i) {
-    if (flush) l2.fill_(i & 0xff);
+    flush_l2_by_reading();
     c10::Event a(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
     c10::Event b(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
     a.record(st);
@@ -93,6 +107,30 @@ double time_median(F&& f, int reps, bool flush) {
   }
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2] * 1e-3;
+}
+
+// Channel pattern of the closed-form check (as gpu_decode_bench): smooth, signed, not constant.
+at::Tensor channel_pattern(float phase) {
+  const at::Tensor x = at::arange(kHeadDim, at::TensorOptions().dtype(at::kFloat));
+  return (0.8 * at::sin(0.37 * x + phase) + 0.1).to(at::kCUDA).to(at::kHalf);
+}
+
+// Empty when `timed` is finite and, over constant K rows and a V channel pattern, the output is
+// that pattern within 4e-3 of its largest element; else what failed. Overwrites k and v.
+template <typename Run>
+std::string check_output(const at::Tensor& timed, at::Tensor& k, at::Tensor& v, Run&& run,
+                         double* max_err) {
+  if (!at::isfinite(timed).all().item<bool>()) return "non-finite output";
+  k.copy_(channel_pattern(0.3f).expand_as(k));
+  const at::Tensor vp = channel_pattern(1.1f);
+  v.copy_(vp.expand_as(v));
+  const at::Tensor out = run().to(at::kFloat);
+  if (!at::isfinite(out).all().item<bool>()) return "non-finite closed-form output";
+  *max_err = (out - vp.to(at::kFloat)).abs().max().item<double>();
+  const double bound = 4e-3 * vp.to(at::kFloat).abs().max().item<double>() + 1e-4;
+  if (*max_err > bound)
+    return "closed-form output off by " + std::to_string(*max_err) + " > " + std::to_string(bound);
+  return "";
 }
 
 // Flash only, as torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION); restores the
@@ -155,9 +193,9 @@ void measure(benchmark::State& state, Shape c) {
     FlashOnly only;
     return sdpa(q, k, v);
   };
-  const bool flush = kv_bytes < kFlushBelowBytes;
   const int reps = kv_bytes > kFewRepsAboveBytes ? 7 : 25;
-  const double eager_s = time_median(run, reps, flush);
+  const double eager_s = time_median(run, reps);
+  at::Tensor timed = run();
   std::optional<double> graph_s;
   if (g_opt.graph) {
     auto graph = std::make_unique<at::cuda::CUDAGraph>();
@@ -166,7 +204,8 @@ void measure(benchmark::State& state, Shape c) {
       graph->capture_begin();
       out = run();
       graph->capture_end();
-      graph_s = time_median([&] { graph->replay(); }, reps, flush);
+      graph_s = time_median([&] { graph->replay(); }, reps);
+      timed = out.clone();
     } catch (const c10::Error& e) {
       try {
         graph->capture_end();  // leave capture mode if the failure happened inside it
@@ -183,6 +222,14 @@ void measure(benchmark::State& state, Shape c) {
   }
   const double t = graph_s.value_or(eager_s);
   for (auto _ : state) state.SetIterationTime(t);
+  double max_err = 0;
+  const std::string bad = check_output(timed, k, v, run, &max_err);
+  if (!bad.empty()) {
+    std::fprintf(stderr, "sdpa_bench: hq%d b%d ctx%d: %s\n", c.hq, c.batch, c.ctx, bad.c_str());
+    state.SkipWithError(("output check failed: " + bad).c_str());
+    return;
+  }
+  state.counters["closed_form_max_err"] = max_err;
   state.counters["kv_bytes"] = static_cast<double>(kv_bytes);
   state.counters["TBps"] = static_cast<double>(kv_bytes) / t * 1e-12;
   state.counters["eager_us"] = eager_s * 1e6;
@@ -198,7 +245,8 @@ void measure(benchmark::State& state, Shape c) {
                       {"time_eager_s", eager_s},
                       {"graph", graph_s.has_value()},
                       {"reps", reps},
-                      {"flushed", flush},
+                      {"flush", "read 3x L2 before every repetition"},
+                      {"closed_form_max_err", max_err},
                       {"source", "libtorch " KVARN_SDPA_TORCH_VERSION}};
   r["time_graph_s"] = graph_s ? nlohmann::json(*graph_s) : nlohmann::json(nullptr);
   g_results.push_back(std::move(r));

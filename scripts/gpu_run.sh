@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # One command on the H200: configure, build, GPU tests, compute-sanitizer (memcheck + racecheck on
 # small cases), benchmark sweep + PyTorch SDPA anchor (libtorch: bench/sdpa_bench.cpp; Python
-# scripts/gpu_sdpa.py as fallback and cross-check), capacity table; JSON to $OUT; table last.
+# scripts/gpu_sdpa.py as fallback and cross-check), FlashInfer paged decode anchor when the
+# flashinfer Python package imports (bench/gpu_flashinfer_bench.py), capacity table; JSON to $OUT;
+# table last.
 # Env: KVARN_PREBUILT=<dir> binaries built elsewhere; KVARN_BENCH_FILTER / KVARN_SDPA_FILTER
 # Google Benchmark filters; KVARN_SDPA_JSON=<file> reuse a measured SDPA JSON; KVARN_SANITIZER=0;
-# KVARN_EVAL_BIN=<kvarn-eval> or KVARN_CAPACITY_JSON=<file> for the capacity table.
+# KVARN_EVAL_BIN=<kvarn-eval> or KVARN_CAPACITY_JSON=<file> for the capacity table;
+# KVARN_FLASHINFER_BUDGET_S (default 150; 0 skips FlashInfer).
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kvarn_gpu_out}
@@ -50,6 +53,16 @@ if [ -z "$SDPA" ] && [ -z "$KVARN_SDPA_JSON" ] && [ "$TORCH_V" != none ]; then
     ninja -C build-h200 -j8 kvarn_sdpa_bench >> "$OUT/build_sdpa.log" 2>&1 &
   SDPA_BUILD=$!
 fi
+# FlashInfer compiles its kernels at first use: warm its JIT cache (CPU) while the tests run.
+FI_BUDGET=${KVARN_FLASHINFER_BUDGET_S:-150}
+FI_WARM=
+if [ "$FI_BUDGET" != 0 ] && python3 -c 'import flashinfer' > /dev/null 2>&1; then
+  timeout 400 python3 bench/gpu_flashinfer_bench.py --out "$OUT/flashinfer_warm.json" \
+    --shapes "32,8,1,1024" > "$OUT/flashinfer_warm.log" 2>&1 &
+  FI_WARM=$!
+elif [ "$FI_BUDGET" != 0 ]; then
+  echo "flashinfer: not importable here (pip install flashinfer-python): no FlashInfer anchor"
+fi
 $B/tests/kvarn_cuda_tests --gtest_output=json:"$OUT/tests.json" > "$OUT/tests.log" 2>&1
 echo "tests rc=$? ($SECONDS s)"
 grep -E "^\[ +(FAILED|PASSED|SKIPPED) +\]|tests ran" "$OUT/tests.log" | head -20
@@ -75,6 +88,10 @@ if [ -n "$SDPA_BUILD" ]; then
   wait "$SDPA_BUILD" && SDPA=build-h200/bench/kvarn_sdpa_bench
   [ -n "$SDPA" ] ||
     { echo "kvarn_sdpa_bench build failed (Python SDPA fallback):"; tail -5 "$OUT/build_sdpa.log"; }
+fi
+if [ -n "$FI_WARM" ]; then
+  wait "$FI_WARM"
+  echo "flashinfer JIT warm-up rc=$? ($SECONDS s)"; tail -2 "$OUT/flashinfer_warm.log"
 fi
 KVARN_BENCH_BUDGET_S=$BUDGET $B/bench/kvarn_gpu_bench ${KVARN_BENCH_FILTER:+--benchmark_filter=$KVARN_BENCH_FILTER} --benchmark_out="$OUT/bench.json" \
   --benchmark_out_format=json > "$OUT/bench.log" 2>&1
@@ -111,6 +128,13 @@ fi
 if [ ! -s "$OUT/sdpa.json" ]; then
   timeout 100 python3 scripts/gpu_sdpa.py --out "$OUT/sdpa.json" --budget 60 2>&1 | tail -2
 fi
+rm -f "$OUT/flashinfer.json"
+if [ -n "$FI_WARM" ]; then
+  timeout $((FI_BUDGET + 120)) python3 bench/gpu_flashinfer_bench.py --out "$OUT/flashinfer.json" \
+    --budget "$FI_BUDGET" ${KVARN_FLASHINFER_SHAPES:+--shapes "$KVARN_FLASHINFER_SHAPES"} \
+    > "$OUT/flashinfer.log" 2>&1
+  echo "flashinfer rc=$? ($SECONDS s)"; tail -1 "$OUT/flashinfer.log"
+fi
 # Capacity (core's byte accounting, CPU only): `kvarn-eval methods` at every sweep context.
 KE=${KVARN_EVAL_BIN:-$B/bin/kvarn-eval}
 rm -f "$OUT/capacity.json"
@@ -125,5 +149,6 @@ else
 fi
 CAP=()
 [ -s "$OUT/capacity.json" ] && CAP=(--capacity "$OUT/capacity.json")
+[ -s "$OUT/flashinfer.json" ] && CAP+=(--flashinfer "$OUT/flashinfer.json")
 python3 scripts/gpu_summary.py "$OUT/bench.json" "$OUT/sdpa.json" "$OUT/meta.json" \
   "$OUT/summary.json" "$OUT/throughput.json" "${CAP[@]}"

@@ -3,17 +3,20 @@
 prints a short table.
 
 usage: gpu_summary.py bench.json sdpa.json meta.json out.json [throughput.json]
-                      [--capacity capacity.json]
+                      [--capacity capacity.json] [--flashinfer flashinfer.json]
 
 summary["throughput"] (also written alone, a bare list, to throughput.json: the file
 reports/kvarn_report reads from a run directory) holds one entry per decode case:
   method (canonical method name: fp16, fp8_e4m3, kvarn_k4v2_g128, kvarn_k4v4_g128,
   turboquant_4bit_nc, turboquant_3bit_nc, turboquant_k8v4), batch, context, hq, hkv,
   time_us (median), bytes (bytes the kernel reads: KV + query/output + block table),
-  tb_s, pct_roofline (of the measured read bandwidth), speedup_vs_fp16 (our FP16 kernel, same
-  shape), speedup_vs_sdpa (PyTorch SDPA flash, same shape; null where not measured),
+  tb_s, pct_roofline (of the measured read bandwidth), speedup_vs_best_fp16 (against the fastest
+  FP16 decode measured at that shape: our FP16 kernel, PyTorch SDPA, FlashInfer's paged decode
+  when its JSON is given; best_fp16 names it), speedup_vs_fp16 (our FP16 kernel, same shape),
+  speedup_vs_sdpa (PyTorch SDPA flash, same shape; null where not measured),
+  speedup_vs_flashinfer,
   bytes_per_token (KV bytes read per token and KV head, sink/tail included),
-  plus fmt, splits, kv_bytes, sdpa_time_us.
+  plus fmt, splits, kv_bytes, sdpa_time_us, flashinfer_time_us, best_fp16_time_us.
 
 summary["itl_fits"]: per (method, batch, hq, hkv), the least-squares line
 time_us = intercept_us + slope * context over every context measured for that group
@@ -263,17 +266,36 @@ def parse_bench(bench):
     return rows, read_bw, copy_bw, store, store_launch
 
 
-def summarize(bench, sdpa, meta, capacity=None):
+def best_fp16(rows, sd, fi, shape):
+    """(time_s, name) of the fastest FP16 decode measured at shape, or (None, None)."""
+    cands = []
+    f16 = rows.get(("fp16",) + shape)
+    if f16:
+        cands.append((f16["time_s"], "fp16"))
+    for name, table in (("sdpa", sd), ("flashinfer", fi)):
+        if shape in table:
+            cands.append((table[shape]["time_s"], name))
+    return min(cands) if cands else (None, None)
+
+
+def summarize(bench, sdpa, meta, capacity=None, flashinfer=None):
     """Returns (summary, throughput list)."""
     rows, read_bw, copy_bw, store, store_launch = parse_bench(bench)
-    sd = {(s["hq"], s["hkv"], s["batch"], s["ctx"]): s for s in sdpa}
+    key = lambda s: (s["hq"], s["hkv"], s["batch"], s["ctx"])  # noqa: E731
+    sd = {key(s): s for s in sdpa}
+    fi = {key(s): s for s in (flashinfer or [])}
+    ratio = lambda ref, t: ref / t if ref else None  # noqa: E731
     for (fmt, hq, hkv, bs, ctx), r in rows.items():
+        shape = (hq, hkv, bs, ctx)
         r["pct_read_bw"] = 100.0 * r["TBps"] / read_bw if read_bw else None
-        f16 = rows.get(("fp16", hq, hkv, bs, ctx))
-        r["speedup_vs_fp16"] = f16["time_s"] / r["time_s"] if f16 else None
-        s = sd.get((hq, hkv, bs, ctx))
-        r["sdpa_time_s"] = s["time_s"] if s else None
-        r["speedup_vs_sdpa"] = s["time_s"] / r["time_s"] if s else None
+        f16 = rows.get(("fp16",) + shape)
+        r["speedup_vs_fp16"] = ratio(f16["time_s"] if f16 else None, r["time_s"])
+        r["sdpa_time_s"] = sd[shape]["time_s"] if shape in sd else None
+        r["speedup_vs_sdpa"] = ratio(r["sdpa_time_s"], r["time_s"])
+        r["flashinfer_time_s"] = fi[shape]["time_s"] if shape in fi else None
+        r["speedup_vs_flashinfer"] = ratio(r["flashinfer_time_s"], r["time_s"])
+        r["best_fp16_time_s"], r["best_fp16"] = best_fp16(rows, sd, fi, shape)
+        r["speedup_vs_best_fp16"] = ratio(r["best_fp16_time_s"], r["time_s"])
     # store cost per 128 generated tokens: one tile per (sequence, KV head) per 128 tokens, vs the
     # 128 decode steps of the same batch (k4v2, Hq 32, Hkv 8, per layer)
     for fmt, st in store.items():
@@ -300,18 +322,23 @@ def summarize(bench, sdpa, meta, capacity=None):
         throughput.append(dict(
             method=METHOD.get(r["fmt"], r["fmt"]), batch=r["batch"], context=r["ctx"], hq=r["hq"],
             hkv=r["hkv"], time_us=r["time_s"] * 1e6, bytes=r["bytes_read"], tb_s=r["TBps"],
-            pct_roofline=r["pct_read_bw"], speedup_vs_fp16=r["speedup_vs_fp16"],
-            speedup_vs_sdpa=r["speedup_vs_sdpa"],
+            pct_roofline=r["pct_read_bw"], speedup_vs_best_fp16=r["speedup_vs_best_fp16"],
+            best_fp16=r["best_fp16"], speedup_vs_fp16=r["speedup_vs_fp16"],
+            speedup_vs_sdpa=r["speedup_vs_sdpa"], speedup_vs_flashinfer=r["speedup_vs_flashinfer"],
             bytes_per_token=(kvb / (r["batch"] * r["hkv"] * r["ctx"]) if kvb else None),
             fmt=r["fmt"], splits=r["splits"], kv_bytes=kvb,
             sdpa_time_us=(r["sdpa_time_s"] * 1e6 if r["sdpa_time_s"] else None),
+            flashinfer_time_us=(r["flashinfer_time_s"] * 1e6 if r["flashinfer_time_s"] else None),
+            best_fp16_time_us=(r["best_fp16_time_s"] * 1e6 if r["best_fp16_time_s"] else None),
             roofline_read_tb_s=read_bw))
     points = [dict(method=e["method"], batch=e["batch"], hq=e["hq"], hkv=e["hkv"],
                    context=e["context"], time_us=e["time_us"]) for e in throughput]
     points += [dict(method=SDPA_METHOD, batch=s["batch"], hq=s["hq"], hkv=s["hkv"],
                     context=s["ctx"], time_us=s["time_s"] * 1e6) for s in sdpa]
+    points += [dict(method="flashinfer_fp16", batch=s["batch"], hq=s["hq"], hkv=s["hkv"],
+                    context=s["ctx"], time_us=s["time_s"] * 1e6) for s in flashinfer or []]
     out = dict(meta=meta, read_TBps=read_bw, copy_TBps=copy_bw, store=store, decode=decode,
-               sdpa=sdpa, throughput=throughput,
+               sdpa=sdpa, flashinfer=flashinfer or [], throughput=throughput,
                store_launch_cost=sorted(store_cost, key=lambda e: (e["batch"], e["ctx"])),
                itl_fits=itl_fits(points),
                itl_fit_note=("time_us = intercept_us + slope * context, least squares over every "
@@ -339,14 +366,15 @@ def print_tables(out):
             print(f"store launch b{e['batch']} ctx{e['ctx']}: {e['store_launch_us']:.1f} us = "
                   f"{e['pct']:.2f} % of 128 steps")
     f = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
-    print(f"{'fmt':5} {'hq':>3} {'B':>4} {'ctx':>6} {'us':>9} {'TB/s':>5} {'%rd':>4} {'xFP16':>6} "
-          f"{'xSDPA':>6}")
+    print(f"{'fmt':6} {'hq':>3} {'B':>4} {'ctx':>6} {'us':>9} {'TB/s':>5} {'%rd':>4} {'xBest':>6} "
+          f"{'best':>10} {'xFP16':>6} {'xSDPA':>6} {'xFI':>6}")
     for r in out["decode"]:
         if r["hq"] != 32 or r["ctx"] not in (2048, 8192, 32768, 131072):
             continue
-        print(f"{r['fmt']:5} {r['hq']:>3} {r['batch']:>4} {r['ctx']:>6} {r['time_s']*1e6:>9.1f} "
-              f"{r['TBps']:>5.2f} {f(r['pct_read_bw'], 0):>4} {f(r['speedup_vs_fp16']):>6} "
-              f"{f(r['speedup_vs_sdpa']):>6}")
+        print(f"{r['fmt']:6} {r['hq']:>3} {r['batch']:>4} {r['ctx']:>6} {r['time_s']*1e6:>9.1f} "
+              f"{r['TBps']:>5.2f} {f(r['pct_read_bw'], 0):>4} {f(r['speedup_vs_best_fp16']):>6} "
+              f"{r['best_fp16'] or '-':>10} {f(r['speedup_vs_fp16']):>6} "
+              f"{f(r['speedup_vs_sdpa']):>6} {f(r['speedup_vs_flashinfer']):>6}")
     print(f"ITL fits (Hq 32): {'method':19} {'B':>4} {'us/1k tok':>9} {'icpt us':>8} {'r2':>6} "
           f"{'break-even fit':>15} {'measured':>15}")
     be = lambda c, why: f"{c:.0f}" if c is not None else why  # noqa: E731
@@ -366,13 +394,18 @@ def print_tables(out):
 
 def main(argv):
     args = list(argv[1:])
-    capacity_path = None
-    if "--capacity" in args:
-        i = args.index("--capacity")
+    def take(flag):
+        if flag not in args:
+            return None
+        i = args.index(flag)
         if i + 1 >= len(args):
-            raise InputError("--capacity needs a file name")
-        capacity_path = args[i + 1]
+            raise InputError(f"{flag} needs a file name")
+        value = args[i + 1]
         del args[i:i + 2]
+        return value
+
+    capacity_path = take("--capacity")
+    flashinfer_path = take("--flashinfer")
     if len(args) not in (4, 5):
         raise InputError("usage: gpu_summary.py bench.json sdpa.json meta.json out.json "
                          "[throughput.json] [--capacity capacity.json]")
@@ -384,10 +417,13 @@ def main(argv):
         sdpa = []
     meta = load_json(args[2], "meta JSON")
     capacity = load_json_stream(capacity_path, "capacity JSON") if capacity_path else None
+    flashinfer = load_json(flashinfer_path, "FlashInfer JSON") if flashinfer_path else None
     if not isinstance(bench, dict) or not isinstance(sdpa, list):
         raise InputError(f"{args[0]} must be a Google Benchmark object and {args[1]} a list")
+    if flashinfer is not None and not isinstance(flashinfer, list):
+        raise InputError(f"{flashinfer_path} must be a list")
     try:
-        out, throughput = summarize(bench, sdpa, meta, capacity)
+        out, throughput = summarize(bench, sdpa, meta, capacity, flashinfer)
     except (KeyError, TypeError, ValueError) as e:
         raise InputError(f"{args[0]} / {args[1]}: unexpected content ({type(e).__name__}: {e})")
     write_json(args[3], out)

@@ -217,6 +217,9 @@ def test_end_to_end():
         check(close(e["speedup_vs_fp16"], (10 + 0.004 * 32768) / (25 + 0.001 * 32768)) and
               close(e["speedup_vs_sdpa"], (40 + 0.008 * 32768) / (25 + 0.001 * 32768)),
               f"speedups: {e}")
+        # best FP16: the fastest of our kernel and SDPA (our kernel on these lines)
+        check(e["best_fp16"] == "fp16" and close(e["speedup_vs_best_fp16"], e["speedup_vs_fp16"]),
+              f"best fp16 without FlashInfer: {e}")
         cap = {(c["method"], c["context"]): c for c in s["capacity"]}
         c = cap.get(("kvarn_k4v2_g128", 32768))
         check(c is not None and c["source"] == "core" and
@@ -236,6 +239,21 @@ def test_end_to_end():
         check("sdpa/hq64/hkv8/b1/ctx1024" in cov["sdpa_missing"], "sdpa coverage")
         check("ITL fits" in p.stdout and "capacity at 32K" in p.stdout and
               "coverage: decode 21/392" in p.stdout, "printed tables")
+        # a FlashInfer anchor faster than our FP16 kernel at 32K becomes the best FP16 there
+        fi = os.path.join(d, "fi.json")
+        with open(fi, "w") as f:
+            json.dump([dict(hq=32, hkv=8, batch=8, ctx=32768, time_s=50e-6, kv_bytes=1,
+                            backend="flashinfer")], f)
+        p = run_script(d, "--flashinfer", fi)
+        tp = json.load(open(os.path.join(d, "tp.json")))
+        e = [e for e in tp if e["method"] == "kvarn_k4v2_g128" and e["context"] == 32768][0]
+        check(p.returncode == 0 and e["best_fp16"] == "flashinfer" and
+              close(e["speedup_vs_best_fp16"], 50 / (25 + 0.001 * 32768)) and
+              close(e["speedup_vs_flashinfer"], e["speedup_vs_best_fp16"]),
+              f"best fp16 with FlashInfer: {e}")
+        e = [e for e in tp if e["method"] == "kvarn_k4v2_g128" and e["context"] == 4096][0]
+        check(e["best_fp16"] == "fp16" and e["speedup_vs_flashinfer"] is None,
+              f"no FlashInfer at 4K: {e}")
         # without --capacity: kernel rows only, stated
         p = run_script(d)
         s = json.load(open(os.path.join(d, "summary.json")))
