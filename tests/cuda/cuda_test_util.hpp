@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "kvarn/core/attention_ref.hpp"
 #include "kvarn/core/portable_math.hpp"
+#include "kvarn/core/rotation.hpp"
 #include "kvarn/cuda/api.hpp"
 
 #define KVARN_REQUIRE_GPU()                                           \
@@ -50,6 +52,47 @@ class DeviceBuffer {
   T* p_ = nullptr;
   std::size_t n_ = 0;
 };
+
+// CPU reference of one decode step (core's attention_ref): q [batch, Hq, D] fp16 bits; K/V rows
+// of sequence b and KV head h in kref/vref[b * Hkv + h] ([lens[b], D], the frame the kernel
+// attends in); rot (optional): queries rotated into that frame, outputs rotated back.
+inline std::vector<float> decode_reference(const std::vector<std::uint16_t>& q, int batch,
+                                           int num_q_heads, int num_kv_heads, int head_dim,
+                                           const std::vector<std::vector<float>>& kref,
+                                           const std::vector<std::vector<float>>& vref,
+                                           const std::vector<int>& lens,
+                                           const kvarn::Rotation* rot = nullptr) {
+  const std::size_t row = static_cast<std::size_t>(num_q_heads) * head_dim;
+  std::vector<float> ref(q.size());
+  for (int b = 0; b < batch; ++b) {
+    std::vector<kvarn::KvRows> kv(num_kv_heads);
+    for (int h = 0; h < num_kv_heads; ++h)
+      kv[h] = {kref[b * num_kv_heads + h], vref[b * num_kv_heads + h], lens[b]};
+    std::vector<float> qf(row);
+    for (std::size_t i = 0; i < row; ++i) qf[i] = kvarn::half_bits_to_float(q[b * row + i]);
+    if (rot) rot->forward(qf.data(), num_q_heads);
+    attention_ref(qf.data(), 1, num_q_heads, head_dim, kv, 0.0, ref.data() + b * row);
+    if (rot) rot->inverse(ref.data() + b * row, num_q_heads);
+  }
+  return ref;
+}
+
+// The problem shape every decode test sets up (format-specific fields are set by the caller).
+inline kvarn::cuda::DecodeProblem decode_problem(kvarn::cuda::DecodeFormat format, int batch,
+                                                 int num_q_heads, int num_kv_heads, int head_dim,
+                                                 int block_size, int max_blocks,
+                                                 int num_splits = 0) {
+  kvarn::cuda::DecodeProblem p;
+  p.format = format;
+  p.batch = batch;
+  p.num_q_heads = num_q_heads;
+  p.num_kv_heads = num_kv_heads;
+  p.head_dim = head_dim;
+  p.block_size = block_size;
+  p.max_blocks = max_blocks;
+  p.num_splits = num_splits;
+  return p;
+}
 
 // Runs paged_decode twice on NaN-poisoned output and workspace (the second run catches races and
 // state left behind) and requires every output element written and NMSE <= 1e-5 against `ref`.

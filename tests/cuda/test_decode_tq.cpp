@@ -148,44 +148,13 @@ TEST_P(TqDecode, MatchesCpuReference) {
               float_to_half_bits(fq[(b % file_seqs) * hkv + h](lens[b] - 1, x));
   }
 
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  std::vector<float> ref(q.size());
-  for (int b = 0; b < c.batch; ++b)
-    for (int hh = 0; hh < hq; ++hh) {
-      const int h = hh / qpk, L = lens[b];
-      const std::uint16_t* qr = &q[(static_cast<std::size_t>(b) * hq + hh) * d];
-      std::vector<double> s(L);
-      double m = -1e300;
-      for (int t = 0; t < L; ++t) {
-        double acc = 0;
-        for (int x = 0; x < d; ++x)
-          acc += double(half_bits_to_float(qr[x])) * kref[b * hkv + h][static_cast<std::size_t>(t) * d + x];
-        s[t] = acc * scale;
-        m = std::max(m, s[t]);
-      }
-      double l = 0;
-      std::vector<double> o(d, 0.0);
-      for (int t = 0; t < L; ++t) {
-        const double p = std::exp(s[t] - m);
-        l += p;
-        for (int x = 0; x < d; ++x) o[x] += p * vref[b * hkv + h][static_cast<std::size_t>(t) * d + x];
-      }
-      for (int x = 0; x < d; ++x)
-        ref[(static_cast<std::size_t>(b) * hq + hh) * d + x] = static_cast<float>(o[x] / l);
-    }
+  const std::vector<float> ref = decode_reference(q, c.batch, hq, hkv, d, kref, vref, lens);
 
   DeviceBuffer<std::uint16_t> dq(q), dout(q.size());
   DeviceBuffer<int> dtable(table), dlens(lens);
   DeviceBuffer<std::uint8_t> dcache(cache);
-  cuda::DecodeProblem p;
-  p.format = cuda::DecodeFormat::kTurboQuant;
-  p.batch = c.batch;
-  p.num_q_heads = hq;
-  p.num_kv_heads = hkv;
-  p.head_dim = d;
-  p.block_size = P;
-  p.max_blocks = max_blocks;
-  p.num_splits = c.splits;
+  cuda::DecodeProblem p = decode_problem(cuda::DecodeFormat::kTurboQuant, c.batch, hq, hkv, d, P,
+                                         max_blocks, c.splits);
   p.tq = qc;
   DeviceBuffer<std::uint8_t> ws(cuda::decode_workspace_bytes(p));
   cuda::DecodeBuffers bufs;
