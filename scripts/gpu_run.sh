@@ -68,7 +68,7 @@ echo "tests rc=$? ($SECONDS s)"
 grep -E "^\[ +(FAILED|PASSED|SKIPPED) +\]|tests ran" "$OUT/tests.log" | head -20
 grep -c "^\[       OK \]" "$OUT/tests.log"
 grep "\[ nmse \]" "$OUT/tests.log" | sort -k4 -g | tail -3
-F1='Cuda/PagedDecode.MatchesCpuReference/kvarn_k4v2_g64_d128_hq64_hkv8_b5_L500*:Cuda/StoreBitIdentity.*k4v2_g64_d64_it8:Cuda/PagedDecode.*fp16_g64_d64*:CudaAppend.*:Cuda/TqDecode.*_d64_*'
+F1='CudaDecodeGuards.BlockWalkStopsAtMaxBlocks:Cuda/PagedDecode.MatchesCpuReference/kvarn_k4v2_g64_d128_hq64_hkv8_b5_L500*:Cuda/StoreBitIdentity.*k4v2_g64_d64_it8:Cuda/PagedDecode.*fp16_g64_d64*:CudaAppend.*:Cuda/TqDecode.*_d64_*'
 # KVARN_SANITIZER=0 skips compute-sanitizer; KVARN_SDPA_JSON=<file> reuses a measured SDPA JSON
 [ "${KVARN_SANITIZER:-1}" = 0 ] || {
   timeout 90 compute-sanitizer --tool memcheck $B/tests/kvarn_cuda_tests --gtest_filter="$F1"

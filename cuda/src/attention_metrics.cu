@@ -380,7 +380,7 @@ AttentionRows attention_rows(const AttentionRowsProblem& p, const AttentionRowsI
   const std::size_t shmem = (static_cast<std::size_t>(d) + kWarps + 2 * kThreads) * sizeof(double) +
                             (kWarps + 2 * static_cast<std::size_t>(a.max_sel)) * sizeof(int);
   attention_rows_kernel<<<blocks, kThreads, shmem>>>(a);
-  KVARN_CUDA_CHECK_LAUNCH();
+  KVARN_CUDA_CHECK_LAUNCH("attention_rows_kernel");
   std::vector<double> host_out(static_cast<std::size_t>(nout) * a.rows);
   KVARN_CUDA_CHECK(cudaMemcpy(host_out.data(), out.get(), host_out.size() * sizeof(double),
                               cudaMemcpyDeviceToHost));

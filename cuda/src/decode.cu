@@ -3,26 +3,34 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <map>
+#include <string>
+#include <tuple>
 
 #include "decode_launch.cuh"
 #include "kvarn/cuda/api.hpp"
+#include "kvarn/cuda/decode_instances.hpp"
 #include "kvarn/data/error.hpp"
 
 namespace kvarn::cuda {
 
 namespace {
 
+// Multiprocessors of the current device (132 where it cannot be asked), per device.
 int sm_count() {
-  static const int sms = [] {
-    int n = 132, dev = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
-      return n;
-    (void)cudaGetLastError();
-    return 132;
-  }();
-  return sms;
+  static thread_local std::map<int, int> per_device;
+  const int dev = current_device();
+  auto it = per_device.find(dev);
+  if (it == per_device.end()) {
+    int n = 132;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      n = 132;
+    }
+    it = per_device.emplace(dev, n).first;
+  }
+  return it->second;
 }
 
 KvFormat kernel_format(DecodeFormat f) {
@@ -66,6 +74,32 @@ void launch_combine(const DecodeProblem& p, const float* o_part, const float* ls
 
 }  // namespace
 
+namespace detail {
+
+bool launch_decode_instance(KvFormat f, int kb, int vb, const DecodeArgs& a, const LaunchShape& s,
+                            cudaStream_t st) {
+#define KVARN_DECODE_DISPATCH_(format, KB, VB, unit)              \
+  if (f == KvFormat::format && kb == KB && vb == VB) {          \
+    launch_decode<KvFormat::format, KB, VB>(a, s, st);          \
+    return true;                                                \
+  }
+  KVARN_DECODE_INSTANCES(KVARN_DECODE_DISPATCH_)
+#undef KVARN_DECODE_DISPATCH_
+  return false;
+}
+
+}  // namespace detail
+
+std::string decode_compiled_list(DecodeFormat format) {
+  std::string out;
+  for (const DecodeInstance& i : kDecodeInstances) {
+    if (i.format != format) continue;
+    out += (out.empty() ? "k" : ", k") + std::to_string(i.key_bits) + "v" +
+           std::to_string(i.value_bits);
+  }
+  return out;
+}
+
 int turboquant_slot_bytes(int head_dim, const TqDecodeConfig& c) {
   return detail::tq_slot_bytes(head_dim, c.key_bits, c.value_bits);
 }
@@ -86,12 +120,10 @@ int resident_ctas(const DecodeProblem& p) {
                       ? detail::stage_bytes_for<KvFormat::kFp16>(p.head_dim, g, 0)
                       : detail::stage_bytes_for<KvFormat::kFp8>(p.head_dim, g, 0);
   detail::LaunchShape s{p.head_dim, p.block_size, 1, 1, 1, &n};
-  if (f == KvFormat::kKvarn) {
-    if (!detail::launch_kvarn_k4(p.kvarn.key_bits, p.kvarn.value_bits, a, s, nullptr))
-      detail::launch_kvarn_other(p.kvarn.key_bits, p.kvarn.value_bits, a, s, nullptr);
-  } else {
-    detail::launch_fp(f, a, s, nullptr);
-  }
+  const bool kv = f == KvFormat::kKvarn;
+  if (!detail::launch_decode_instance(f, kv ? p.kvarn.key_bits : 8, kv ? p.kvarn.value_bits : 8,
+                                      a, s, nullptr))
+    return 0;
   return n;
 }
 
@@ -108,10 +140,12 @@ int decode_num_splits(const DecodeProblem& p) {
                       : detail::decode_smem_bytes(kernel_format(p.format), p.head_dim,
                                                   p.block_size, record_bytes_of(p));
   // TurboQuant: __launch_bounds__(32, 16) caps the registers at 16 CTAs per SM
-  // Per kernel instantiation (and record layout); asked once: this runs on every decode step.
-  static thread_local std::map<std::array<int, 6>, int> cache;
-  const std::array<int, 6> key = {static_cast<int>(p.format), p.head_dim,       p.block_size,
-                                  p.kvarn.key_bits,            p.kvarn.value_bits,
+  // Per device and kernel instantiation (and record layout); asked once per key: this runs on
+  // every decode step.
+  static thread_local std::map<std::array<int, 7>, int> cache;
+  const std::array<int, 7> key = {current_device(),       static_cast<int>(p.format),
+                                  p.head_dim,             p.block_size,
+                                  p.kvarn.key_bits,       p.kvarn.value_bits,
                                   static_cast<int>(p.kvarn.scales)};
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, resident_ctas(p)).first;
@@ -138,6 +172,17 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
               p.num_q_heads / p.num_kv_heads, " > ", kDecodeHeads);
   KVARN_CHECK(b.workspace != nullptr, "paged_decode: workspace required");
   if (p.batch == 0) return;
+  // cp.async copies and float4 workspace stores read/write 16 bytes; q is read as half2
+  for (const auto& [ptr, what, align] :
+       {std::tuple<const void*, const char*, std::uintptr_t>{b.records, "records", 16},
+        {b.k_pool, "k_pool", 16},
+        {b.v_pool, "v_pool", 16},
+        {b.workspace, "workspace", 16},
+        {b.q, "q", 4},
+        {b.out, "out", 2}}) {
+    KVARN_CHECK(reinterpret_cast<std::uintptr_t>(ptr) % align == 0, "paged_decode: ", what,
+                " must be ", align, "-byte aligned, got ", ptr);
+  }
   const int splits = decode_num_splits(p);
   const float sm_scale = p.softmax_scale > 0
                              ? p.softmax_scale
@@ -145,10 +190,9 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
   float out_rot = 0.0f;  // combine: un-rotate the output with this scale (0: no rotation)
   if (p.format == DecodeFormat::kTurboQuant) {
     const TqDecodeConfig& c = p.tq;
-    KVARN_CHECK((c.key_bits == 4 && c.value_bits == 4) || (c.key_bits == 3 && c.value_bits == 3) ||
-                    (c.key_bits == 8 && c.value_bits == 4),
-                "paged_decode: TurboQuant k", c.key_bits, "v", c.value_bits,
-                " not compiled (4bit_nc k4v4, 3bit_nc k3v3, k8v4)");
+    KVARN_CHECK(decode_compiled(DecodeFormat::kTurboQuant, c.key_bits, c.value_bits),
+                "paged_decode: TurboQuant k", c.key_bits, "v", c.value_bits, " not compiled (",
+                decode_compiled_list(DecodeFormat::kTurboQuant), ")");
     KVARN_CHECK(!(c.key_bits == 8 && c.nc), "paged_decode: TurboQuant nc needs Lloyd-Max keys");
     KVARN_CHECK(p.block_size % 16 == 0 && p.block_size > 0,
                 "paged_decode: TurboQuant page size must be a multiple of 16, got ", p.block_size);
@@ -219,11 +263,10 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
     a.zp_v = static_cast<int>(lay.zp_v);
     a.stage_bytes =
         detail::stage_bytes_for<KvFormat::kKvarn>(p.head_dim, p.block_size, a.record_bytes);
-    if (!detail::launch_kvarn_k4(c.key_bits, c.value_bits, a, s, stream) &&
-        !detail::launch_kvarn_other(c.key_bits, c.value_bits, a, s, stream)) {
-      fail("paged_decode: KVarN k", c.key_bits, "v", c.value_bits,
-           " not compiled (k4v2, k4v4, k2v2, k8v8, k3v2)");
-    }
+    KVARN_CHECK(detail::launch_decode_instance(KvFormat::kKvarn, c.key_bits, c.value_bits, a, s,
+                                               stream),
+                "paged_decode: KVarN k", c.key_bits, "v", c.value_bits, " not compiled (",
+                decode_compiled_list(DecodeFormat::kKvarn), ")");
   } else {
     a.rot_scale = 0.0f;
     const KvFormat f = kernel_format(p.format);
@@ -231,7 +274,8 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
     a.stage_bytes = f == KvFormat::kFp16
                         ? detail::stage_bytes_for<KvFormat::kFp16>(p.head_dim, g, 0)
                         : detail::stage_bytes_for<KvFormat::kFp8>(p.head_dim, g, 0);
-    detail::launch_fp(f, a, s, stream);
+    KVARN_CHECK(detail::launch_decode_instance(f, 8, 8, a, s, stream),
+                "paged_decode: format not compiled");
   }
   out_rot = a.rot_scale;
   launch_combine(p, a.o_part, a.lse, ws_splits, out_rot, b.out, stream);

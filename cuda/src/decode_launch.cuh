@@ -2,10 +2,39 @@
 #ifndef KVARN_CUDA_SRC_DECODE_LAUNCH_CUH_
 #define KVARN_CUDA_SRC_DECODE_LAUNCH_CUH_
 
-#include "kvarn/cuda/decode.cuh"
-#include "kvarn/cuda/decode_tq.cuh"
+#include <mutex>
+
+#include "decode.cuh"
+#include "decode_tq.cuh"
+#include "kvarn/cuda/decode_instances.hpp"
+#include "kvarn/cuda/error.hpp"
 
 namespace kvarn::cuda::detail {
+
+// The dynamic shared-memory limit of one kernel, raised once per device to what a launch needs
+// (the attribute is per device: a process may launch on several).
+class DeviceSmemLimit {
+ public:
+  template <typename Kernel>
+  void raise(Kernel kernel, int smem) {
+    const int dev = current_device();
+    if (dev >= kMaxDevices) {  // not cached
+      KVARN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (smem > set_[dev]) {
+      KVARN_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      set_[dev] = smem;
+    }
+  }
+
+ private:
+  static constexpr int kMaxDevices = 64;
+  std::mutex mu_;
+  int set_[kMaxDevices] = {};
+};
 
 struct LaunchShape {
   int head_dim, group, num_splits, batch, num_kv_heads;
@@ -46,19 +75,15 @@ void launch_decode(const DecodeArgs& a, const LaunchShape& s, cudaStream_t strea
       const int smem = 128 + DecodeTraits<kD, kG, F, KB, VB>::kStages * a.stage_bytes;
       auto kernel = paged_decode_kernel<kD, kG, F, KB, VB>;
       constexpr int kThreads = 32 * DecodeTraits<kD, kG, F, KB, VB>::kWarps;
-      static int smem_set = 0;  // per instantiation: raise the limit once (host-side cost)
-      if (smem > smem_set) {
-        KVARN_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        smem_set = smem;
-      }
+      static DeviceSmemLimit smem_set;  // per instantiation and device
+      smem_set.raise(kernel, smem);
       if (s.ctas_per_sm != nullptr) {  // registers and shared memory both count
         KVARN_CUDA_CHECK(
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(s.ctas_per_sm, kernel, kThreads, smem));
         return;
       }
       kernel<<<dim3(s.num_splits, s.num_kv_heads, s.batch), kThreads, smem, stream>>>(a);
-      KVARN_CUDA_CHECK_LAUNCH();
+      KVARN_CUDA_CHECK_LAUNCH("paged_decode_kernel");
     })
   })
 }
@@ -76,11 +101,17 @@ void fill_tq_tables(int head_dim, int key_bits, TqDecodeArgs& a);
 bool launch_turboquant(int kb, int vb, const TqDecodeArgs& a, int head_dim, const LaunchShape& s,
                        cudaStream_t st);
 
-// Per-file entry points (return false when the bit pair is not compiled in that file).
-bool launch_kvarn_k4(int kb, int vb, const DecodeArgs& a, const LaunchShape& s, cudaStream_t st);
-bool launch_kvarn_other(int kb, int vb, const DecodeArgs& a, const LaunchShape& s,
-                        cudaStream_t st);
-void launch_fp(KvFormat f, const DecodeArgs& a, const LaunchShape& s, cudaStream_t st);
+// Launches the table's instance (format, kb, vb) (FP16 / FP8: 8, 8); false when it is not in
+// the table (kvarn/cuda/decode_instances.hpp).
+bool launch_decode_instance(KvFormat f, int kb, int vb, const DecodeArgs& a, const LaunchShape& s,
+                            cudaStream_t st);
+
+// The instantiations live in their units (decode_unit_<unit>.cu): none here.
+#define KVARN_DECODE_EXTERN_(format, kb, vb, unit)                                  \
+  extern template void launch_decode<KvFormat::format, kb, vb>(const DecodeArgs&, \
+                                                                const LaunchShape&, cudaStream_t);
+KVARN_DECODE_INSTANCES(KVARN_DECODE_EXTERN_)
+#undef KVARN_DECODE_EXTERN_
 
 }  // namespace kvarn::cuda::detail
 

@@ -2,7 +2,7 @@
 #include "decode_launch.cuh"
 #include "kvarn/core/lloyd_max.hpp"
 #include "kvarn/core/portable_math.hpp"
-#include "kvarn/cuda/decode_tq.cuh"
+#include "decode_tq.cuh"
 
 namespace kvarn::cuda::detail {
 
@@ -23,30 +23,24 @@ void launch_tq(const TqDecodeArgs& a, int head_dim, const LaunchShape& s, cudaSt
   DISPATCH_HEAD_DIM(head_dim, kD, {
     const int smem = 128 + TqTraits<kD, KB, VB>::kStages * a.stage_bytes;
     auto kernel = paged_decode_tq_kernel<kD, KB, VB>;
-    static int smem_set = 0;
-    if (smem > smem_set) {
-      KVARN_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      smem_set = smem;
-    }
+    static DeviceSmemLimit smem_set;  // per instantiation and device
+    smem_set.raise(kernel, smem);
     kernel<<<dim3(s.num_splits, s.num_kv_heads, s.batch), 32, smem, stream>>>(a);
-    KVARN_CUDA_CHECK_LAUNCH();
+    KVARN_CUDA_CHECK_LAUNCH("paged_decode_tq_kernel");
   })
 }
 }  // namespace
 
 bool launch_turboquant(int kb, int vb, const TqDecodeArgs& a, int head_dim, const LaunchShape& s,
                        cudaStream_t st) {
-  if (kb == 4 && vb == 4) {
-    launch_tq<4, 4>(a, head_dim, s, st);
-  } else if (kb == 3 && vb == 3) {
-    launch_tq<3, 3>(a, head_dim, s, st);
-  } else if (kb == 8 && vb == 4) {
-    launch_tq<8, 4>(a, head_dim, s, st);
-  } else {
-    return false;
+#define KVARN_DECODE_TQ_DISPATCH_(KB, VB) \
+  if (kb == KB && vb == VB) {             \
+    launch_tq<KB, VB>(a, head_dim, s, st); \
+    return true;                          \
   }
-  return true;
+  KVARN_DECODE_TQ_INSTANCES(KVARN_DECODE_TQ_DISPATCH_)
+#undef KVARN_DECODE_TQ_DISPATCH_
+  return false;
 }
 
 }  // namespace kvarn::cuda::detail

@@ -1,19 +1,25 @@
 #include "kvarn/cuda/error.hpp"
 
-#include <cstdio>
-#include <cstdlib>
+#include "kvarn/data/error.hpp"
 
 namespace kvarn::cuda {
 
 void report_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
-  std::fprintf(stderr, "%s:%d: %s: %s (%s)\n", file, line, what, cudaGetErrorName(err),
-               cudaGetErrorString(err));
-  std::abort();
+  fail(file, ":", line, ": ", what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err),
+       ")");
 }
 
 void fail_unsupported(const char* what, long value, const char* file, int line) {
-  std::fprintf(stderr, "%s:%d: kvarn_cuda: unsupported %s %ld\n", file, line, what, value);
-  std::abort();
+  fail(file, ":", line, ": kvarn_cuda: unsupported ", what, " ", value);
+}
+
+int current_device() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return dev;
 }
 
 }  // namespace kvarn::cuda

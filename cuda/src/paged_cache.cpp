@@ -9,6 +9,7 @@
 
 #include "kvarn/core/fp8.hpp"
 #include "kvarn/core/portable_math.hpp"
+#include "kvarn/cuda/decode_instances.hpp"
 #include "kvarn/data/error.hpp"
 
 namespace kvarn::cuda {
@@ -23,7 +24,6 @@ void launch_page_scatter(bool fp8, const std::uint16_t* k, const std::uint16_t* 
 namespace {
 
 // KVarN bit pairs paged_decode instantiates (decode_kvarn_k4.cu, decode_kvarn_other.cu).
-constexpr std::pair<int, int> kDecodePairs[] = {{4, 2}, {4, 4}, {2, 2}, {8, 8}, {3, 2}};
 
 template <class... A>
 std::string cat(const A&... a) {
@@ -74,10 +74,9 @@ std::string paged_cache_unsupported(const PagedCacheConfig& c) {
   if (k.rotation != RotationKind::kHadamard && k.rotation != RotationKind::kNone)
     return cat("KVarN rotation ", to_string(k.rotation), " (Hadamard or none)");
   if (k.rtn_quantile != 0.0f) return cat("KVarN RTN quantile ", k.rtn_quantile, " (0 only)");
-  if (std::find(std::begin(kDecodePairs), std::end(kDecodePairs),
-                std::pair<int, int>{k.key_bits, k.value_bits}) == std::end(kDecodePairs))
-    return cat("KVarN k", k.key_bits, "v", k.value_bits,
-               " (decode compiles k4v2, k4v4, k2v2, k8v8, k3v2)");
+  if (!decode_compiled(DecodeFormat::kKvarn, k.key_bits, k.value_bits))
+    return cat("KVarN k", k.key_bits, "v", k.value_bits, " (decode compiles ",
+               decode_compiled_list(DecodeFormat::kKvarn), ")");
   if (k.sink() % k.group != 0)
     return cat("KVarN sink ", k.sink(), " is not a multiple of the group ", k.group,
                " (GPU blocks are whole groups)");

@@ -49,7 +49,7 @@ void launch_page_scatter(bool fp8, const std::uint16_t* k, const std::uint16_t* 
     scatter_pages_kernel<false>
         <<<grid, 128, 0, stream>>>(k, v, n, first, d, page, scale, k_pages, v_pages);
   }
-  KVARN_CUDA_CHECK_LAUNCH();
+  KVARN_CUDA_CHECK_LAUNCH("scatter_pages_kernel");
 }
 
 }  // namespace kvarn::cuda::detail

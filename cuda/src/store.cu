@@ -4,7 +4,7 @@
 #include "kvarn/core/kvarn.hpp"
 #include "kvarn/core/rotation.hpp"
 #include "kvarn/cuda/api.hpp"
-#include "kvarn/cuda/store.cuh"
+#include "store.cuh"
 #include "kvarn/data/error.hpp"
 
 namespace kvarn::cuda {
@@ -74,7 +74,7 @@ void kvarn_store(const KvarnConfig& cfg, int head_dim, const StoreTiles& t, cuda
       KVARN_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
       kernel<<<dim3(t.num_tiles, 2), store_threads<kD, kG>(), smem, stream>>>(a);
-      KVARN_CUDA_CHECK_LAUNCH();
+      KVARN_CUDA_CHECK_LAUNCH("kvarn_store_kernel");
     })
   })
 }
@@ -92,7 +92,7 @@ void kvarn_append(const KvarnConfig& cfg, int head_dim, int num_tokens, int num_
     KVARN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     kernel<<<num_tokens, 128, smem, stream>>>(a);
-    KVARN_CUDA_CHECK_LAUNCH();
+    KVARN_CUDA_CHECK_LAUNCH("kvarn_append_kernel");
   })
 }
 

@@ -14,6 +14,7 @@
 #include "kvarn/core/kvarn.hpp"
 #include "kvarn/core/portable_math.hpp"
 #include "kvarn/core/rng.hpp"
+#include "kvarn/cuda/decode_instances.hpp"
 
 namespace kvarn {
 namespace {
@@ -192,8 +193,9 @@ TEST_P(PagedDecode, MatchesCpuReference) {
 std::vector<DecodeCase> decode_cases() {
   std::vector<DecodeCase> v;
   using F = DecodeFormat;
-  for (auto [kb, vb] : std::vector<std::pair<int, int>>{{4, 2}, {4, 4}, {2, 2}, {8, 8}, {3, 2}})
-    v.push_back({F::kKvarn, kb, vb, 128, 128, 32, 8, 3, 700});
+  for (const cuda::DecodeInstance& i : cuda::kDecodeInstances)  // every compiled KVarN pair
+    if (i.format == F::kKvarn)
+      v.push_back({F::kKvarn, i.key_bits, i.value_bits, 128, 128, 32, 8, 3, 700});
   v.push_back({F::kKvarn, 4, 2, 64, 128, 64, 8, 5, 500});
   v.push_back({F::kKvarn, 4, 2, 128, 64, 12, 4, 4, 600});   // qpk 3 (padded)
   v.push_back({F::kKvarn, 4, 4, 64, 64, 8, 8, 7, 300});     // MHA

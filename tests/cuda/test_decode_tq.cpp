@@ -17,6 +17,7 @@
 #include "kvarn/core/portable_math.hpp"
 #include "kvarn/core/rng.hpp"
 #include "kvarn/core/turboquant.hpp"
+#include "kvarn/cuda/decode_instances.hpp"
 #include "kvarn/data/tile_file.hpp"
 
 namespace kvarn {
@@ -169,7 +170,10 @@ TEST_P(TqDecode, MatchesCpuReference) {
 
 std::vector<TqCase> tq_cases() {
   std::vector<TqCase> v;
-  for (auto [kb, vb, nc] : std::vector<std::tuple<int, int, bool>>{{4, 4, true}, {3, 3, true}, {8, 4, false}}) {
+  for (const cuda::DecodeInstance& i : cuda::kDecodeInstances) {  // every compiled preset
+    if (i.format != cuda::DecodeFormat::kTurboQuant) continue;
+    const int kb = i.key_bits, vb = i.value_bits;
+    const bool nc = kb != 8;  // norm correction needs Lloyd-Max keys
     v.push_back({kb, vb, nc, 128, 32, 8, 3, 700, 16});
     v.push_back({kb, vb, nc, 128, 32, 8, 4, 900, 64});
     v.push_back({kb, vb, nc, 64, 12, 4, 5, 400, 32});     // D 64, qpk 3 (padded)
@@ -181,8 +185,10 @@ std::vector<TqCase> tq_cases() {
   v.push_back({3, 3, true, 64, 8, 8, 7, 300, 16, 0, 3});  // MHA, D 64, 3-bit (odd lane bytes)
   v.push_back({4, 4, true, 128, 40, 8, 6, 1200, 32, 0, 4});  // qpk 5, ragged
   // Real captured K/V and queries (fixture Qwen3, D 128, 2 KV heads; SmolLM2, D 64, 3 KV heads)
-  for (auto [kb, vb, nc] :
-       std::vector<std::tuple<int, int, bool>>{{4, 4, true}, {3, 3, true}, {8, 4, false}}) {
+  for (const cuda::DecodeInstance& i : cuda::kDecodeInstances) {
+    if (i.format != cuda::DecodeFormat::kTurboQuant) continue;
+    const int kb = i.key_bits, vb = i.value_bits;
+    const bool nc = kb != 8;
     v.push_back({kb, vb, nc, 128, 2, 2, 4, 480, 16, 0, 5, "fixture_heldout.h5"});
     v.push_back({kb, vb, nc, 64, 3, 3, 3, 700, 32, 0, 6, "smollm2_long.h5"});
   }

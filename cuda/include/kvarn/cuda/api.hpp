@@ -1,8 +1,8 @@
 // Host API of kvarn_cuda (plain C++, usable from .cpp files).
 //
 // All pointers are device pointers; fp16 tensors are passed as raw uint16 bits. Layouts are
-// documented in store.cuh and decode.cuh. Every call is asynchronous on `stream`; errors in
-// arguments throw kvarn::Error, CUDA errors abort through KVARN_CUDA_CHECK.
+// documented in cuda/src/store.cuh and cuda/src/decode.cuh. Every call is asynchronous on
+// `stream`; bad arguments and CUDA errors throw kvarn::Error (a failed launch names its kernel).
 #ifndef KVARN_CUDA_API_HPP_
 #define KVARN_CUDA_API_HPP_
 
@@ -21,7 +21,7 @@ int device_count();
 
 // ---- KVarN store: quantize full tiles into records ----
 struct StoreTiles {
-  const std::uint16_t* k = nullptr;  // fp16 rows, see store.cuh for the strides
+  const std::uint16_t* k = nullptr;  // fp16 rows, see cuda/src/store.cuh for the strides
   const std::uint16_t* v = nullptr;
   int num_tiles = 0;   // blocks * num_heads
   int num_heads = 1;

@@ -40,7 +40,7 @@ struct AttentionRows {
 };
 
 // Throws kvarn::Error on bad arguments, when there is no CUDA device or when device memory runs
-// out; other CUDA errors abort (KVARN_CUDA_CHECK). Synchronous.
+// out; other CUDA errors throw kvarn::Error (KVARN_CUDA_CHECK). Synchronous.
 AttentionRows attention_rows(const AttentionRowsProblem& problem, const AttentionRowsInput& input);
 
 }  // namespace kvarn::cuda

@@ -1,4 +1,4 @@
-// CUDA error reporting usable from .cpp and .cu files.
+// CUDA error reporting usable from .cpp and .cu files: every failure throws kvarn::Error.
 #ifndef KVARN_CUDA_ERROR_HPP_
 #define KVARN_CUDA_ERROR_HPP_
 
@@ -6,9 +6,12 @@
 
 namespace kvarn::cuda {
 
-// Prints "file:line: what: cudaError (message)" to stderr and aborts.
+// Throws kvarn::Error "file:line: what: cudaError (message)".
 [[noreturn]] void report_cuda_error(cudaError_t err, const char* what, const char* file, int line);
 [[noreturn]] void fail_unsupported(const char* what, long value, const char* file, int line);
+
+// The current device (0 where it cannot be asked), for per-device caches.
+int current_device();
 
 }  // namespace kvarn::cuda
 
@@ -19,7 +22,12 @@ namespace kvarn::cuda {
       ::kvarn::cuda::report_cuda_error(kvarn_err_, #expr, __FILE__, __LINE__);          \
   } while (0)
 
-// After a kernel launch: the launch error, without synchronizing.
-#define KVARN_CUDA_CHECK_LAUNCH() KVARN_CUDA_CHECK(cudaGetLastError())
+// After a kernel launch: the launch error, without synchronizing; `kernel` names it.
+#define KVARN_CUDA_CHECK_LAUNCH(kernel)                                                  \
+  do {                                                                                  \
+    cudaError_t kvarn_err_ = cudaGetLastError();                                        \
+    if (kvarn_err_ != cudaSuccess)                                                      \
+      ::kvarn::cuda::report_cuda_error(kvarn_err_, "launch of " kernel, __FILE__, __LINE__); \
+  } while (0)
 
 #endif  // KVARN_CUDA_ERROR_HPP_

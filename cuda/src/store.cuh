@@ -33,7 +33,7 @@
 #include "kvarn/core/pack.hpp"
 #include "kvarn/core/portable_math.hpp"
 #include "kvarn/core/reduce.hpp"
-#include "kvarn/cuda/common.cuh"
+#include "common.cuh"
 
 namespace kvarn::cuda {
 

@@ -29,7 +29,7 @@
 #ifndef KVARN_CUDA_DECODE_TQ_CUH_
 #define KVARN_CUDA_DECODE_TQ_CUH_
 
-#include "kvarn/cuda/decode.cuh"
+#include "decode.cuh"
 
 namespace kvarn::cuda {
 
@@ -132,13 +132,10 @@ __global__ void __launch_bounds__(32, 16) paged_decode_tq_kernel(TqDecodeArgs a)
 
   const int lane = threadIdx.x, g = lane >> 2, c = lane & 3;
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int len = a.seq_lens[b];
   const int P = a.page;
-  const int nb = (len + P - 1) / P;
-  const int bps = (nb + a.num_splits - 1) / a.num_splits;
-  const int j_begin = split * bps;
-  const int j_end = min(nb, j_begin + bps);
-  const int* table = a.block_table + static_cast<long long>(b) * a.max_blocks;
+  const SplitBlocks range = split_blocks(a.seq_lens, a.block_table, a.max_blocks, P, a.num_splits);
+  const int len = range.len, j_begin = range.j_begin, j_end = range.j_end;
+  const int* table = range.table;
 
   // ---- query: head g, channel c D/4 + 4 s + e; rotate (FWHT over the channel bits); scale ----
   float qf[KS][4];

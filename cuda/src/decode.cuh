@@ -59,7 +59,7 @@
 
 #include <cstdint>
 
-#include "kvarn/cuda/common.cuh"
+#include "common.cuh"
 
 namespace kvarn::cuda {
 
@@ -225,12 +225,9 @@ __global__ void __launch_bounds__(32 * DecodeTraits<D, G, F, KB, VB>::kWarps,
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
   constexpr int kThreads = 32 * T::kWarps;
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int len = a.seq_lens[b];
-  const int nb = (len + G - 1) / G;
-  const int bps = (nb + a.num_splits - 1) / a.num_splits;
-  const int j_begin = split * bps;
-  const int j_end = min(nb, j_begin + bps);
-  const int* table = a.block_table + static_cast<long long>(b) * a.max_blocks;
+  const SplitBlocks range = split_blocks(a.seq_lens, a.block_table, a.max_blocks, G, a.num_splits);
+  const int len = range.len, j_begin = range.j_begin, j_end = range.j_end;
+  const int* table = range.table;
 
   // ---- query fragment: head g, channels q_channel(s, c, e); rotate; scale ----
   float qf[KS][4];

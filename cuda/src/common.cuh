@@ -12,7 +12,7 @@
 #include "kvarn/cuda/error.hpp"
 
 // DISPATCH_* turn a runtime value into a constexpr named NAME inside the body (a lambda-free
-// switch; unsupported values report and abort through kvarn::cuda::fail_unsupported).
+// switch; unsupported values throw kvarn::Error through kvarn::cuda::fail_unsupported).
 #define KVARN_DISPATCH_CASE(NAME, VAL, ...) \
   case VAL: {                               \
     constexpr int NAME = VAL;               \
@@ -50,6 +50,27 @@ namespace kvarn::cuda {
 
 // Asynchronous 16-byte global -> shared copy (sm_80+); valid == false zero-fills the 16 bytes
 // without reading global memory.
+// The logical blocks [j_begin, j_end) of sequence blockIdx.z that split blockIdx.x of a paged
+// decode covers (splits of equal block counts), never past max_blocks (the block-table row
+// length) whatever seq_lens says, and the sequence's block-table row.
+struct SplitBlocks {
+  int len, j_begin, j_end;
+  const int* table;
+};
+__device__ __forceinline__ SplitBlocks split_blocks(const int* seq_lens, const int* block_table,
+                                                    int max_blocks, int block_size,
+                                                    int num_splits) {
+  SplitBlocks r;
+  const int b = blockIdx.z;
+  r.len = seq_lens[b];
+  const int nb = min((r.len + block_size - 1) / block_size, max_blocks);
+  const int bps = (nb + num_splits - 1) / num_splits;
+  r.j_begin = blockIdx.x * bps;
+  r.j_end = min(nb, r.j_begin + bps);
+  r.table = block_table + static_cast<long long>(b) * max_blocks;
+  return r;
+}
+
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid = true) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   const int n = valid ? 16 : 0;
