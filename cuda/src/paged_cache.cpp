@@ -78,6 +78,9 @@ std::string paged_cache_unsupported(const PagedCacheConfig& c) {
                 std::pair<int, int>{k.key_bits, k.value_bits}) == std::end(kDecodePairs))
     return cat("KVarN k", k.key_bits, "v", k.value_bits,
                " (decode compiles k4v2, k4v4, k2v2, k8v8, k3v2)");
+  if (k.recent != 0)
+    return cat("KVarN recent window ", k.recent,
+               " (the GPU cache seals every full non-sink block; recent=0 only)");
   if (k.sink() % k.group != 0)
     return cat("KVarN sink ", k.sink(), " is not a multiple of the group ", k.group,
                " (GPU blocks are whole groups)");
