@@ -224,7 +224,7 @@ class KvarnCodec : public StreamCodec {
         rot_(cfg.rotation, head_dim, cfg.rotation_seed),
         layout_(kvarn_record_layout(head_dim, cfg)) {}
 
-  StreamPolicy policy() const override { return {cfg_.sink(), cfg_.group, 0}; }
+  StreamPolicy policy() const override { return {cfg_.sink(), cfg_.group, cfg_.recent}; }
 
   // The K codec owns the K fields; the V codec the V fields plus the record's alignment padding,
   // so K + V chunk bytes equal one aligned record.
@@ -301,17 +301,21 @@ KvarnMethod::KvarnMethod(KvarnConfig cfg) : cfg_(cfg) {
   KVARN_CHECK(cfg_.varn.iters >= 0 && cfg_.varn.iters <= 1000, "kvarn: iters must be 0..1000, got ",
               cfg_.varn.iters);
   KVARN_CHECK(cfg_.sink_tokens >= -1, "kvarn: sink must be >= 0 tokens, got ", cfg_.sink_tokens);
+  KVARN_CHECK(cfg_.recent >= 0 && cfg_.recent <= (1 << 24),
+              "kvarn: recent must be 0..16777216 tokens, got ", cfg_.recent);
   KVARN_CHECK(cfg_.rtn_quantile >= 0.0f && cfg_.rtn_quantile < 0.5f,
               "kvarn: quantile must be in [0, 0.5), got ", cfg_.rtn_quantile);
 }
 
 std::string KvarnMethod::name() const {
+  static const std::string paper_spec = make_method(kKvarnPaperSpec)->spec();
+  if (spec() == paper_spec) return kKvarnPaperPreset;
   const KvarnConfig def;
   std::string n = "kvarn_k" + std::to_string(cfg_.key_bits) + "v" + std::to_string(cfg_.value_bits) +
                   "_g" + std::to_string(cfg_.group);
   const bool is_default = cfg_.varn.iters == def.varn.iters && cfg_.rotation == def.rotation &&
                           cfg_.rtn_quantile == def.rtn_quantile && cfg_.scales == def.scales &&
-                          cfg_.sink_tokens == def.sink_tokens;
+                          cfg_.sink_tokens == def.sink_tokens && cfg_.recent == def.recent;
   return is_default ? n : spec();
 }
 
@@ -326,6 +330,7 @@ std::string KvarnMethod::spec() const {
     s += ",quantile=" + q.str();
   }
   s += ",scales=" + scales_name(cfg_.scales) + ",sink=" + std::to_string(cfg_.sink());
+  if (cfg_.recent > 0) s += ",recent=" + std::to_string(cfg_.recent);  // older specs unchanged
   return s;
 }
 
@@ -333,8 +338,10 @@ std::string KvarnMethod::description() const {
   return "KVarN: " + to_string(cfg_.rotation) + " rotation, " + std::to_string(cfg_.varn.iters) +
          "-iteration log-domain variance normalization, RTN K" + std::to_string(cfg_.key_bits) +
          " per channel / V" + std::to_string(cfg_.value_bits) + " per token in tiles of " +
-         std::to_string(cfg_.group) + " tokens, " + scales_name(cfg_.scales) + " scales, fp16 sink " +
-         std::to_string(cfg_.sink()) + " + tail";
+         std::to_string(cfg_.group) + " tokens, " + scales_name(cfg_.scales) +
+         " scales, fp16 sink " + std::to_string(cfg_.sink()) +
+         (cfg_.recent > 0 ? std::string(" + newest ") + std::to_string(cfg_.recent) + " tokens"
+                          : std::string(" + tail"));
 }
 
 void KvarnMethod::check_head_dim(int head_dim) const {
@@ -356,7 +363,8 @@ void register_kvarn(Registry& r) {
   r.add_family({"kvarn",
                 "KVarN: Hadamard + log-domain variance normalization + RTN (K per channel, V per "
                 "token) per tile of g tokens",
-                {"k", "v", "g", "iters", "rotation", "seed", "quantile", "scales", "sink"},
+                {"k", "v", "g", "iters", "rotation", "seed", "quantile", "scales", "sink",
+                 "recent"},
                 [](Params& p) -> std::unique_ptr<Method> {
                   KvarnConfig c;
                   c.key_bits = p.get_int("k", 4);
@@ -375,6 +383,7 @@ void register_kvarn(Registry& r) {
                     KVARN_CHECK(c.sink_tokens >= 0, "kvarn: sink must be >= 0, got ", c.sink_tokens);
                     if (c.sink_tokens == c.group) c.sink_tokens = -1;  // canonical: one group
                   }
+                  c.recent = p.get_int("recent", 0);
                   return std::make_unique<KvarnMethod>(c);
                 }});
   for (const char* name : {"kvarn_k4v2_g128", "kvarn_k4v4_g128", "kvarn_k4v2_g64", "kvarn_k4v4_g64"}) {
@@ -383,6 +392,7 @@ void register_kvarn(Registry& r) {
     std::regex_match(s, m, std::regex("kvarn_k(\\d)v(\\d)_g(\\d+)"));
     r.add_preset(name, "kvarn:k=" + m[1].str() + ",v=" + m[2].str() + ",g=" + m[3].str());
   }
+  r.add_preset(kKvarnPaperPreset, kKvarnPaperSpec);
   r.add_name_pattern([](const std::string& name) -> std::string {
     static const std::regex re("kvarn_k(\\d+)v(\\d+)_g(\\d+)");
     std::smatch m;

@@ -77,6 +77,9 @@ std::string paged_cache_unsupported(const PagedCacheConfig& c) {
   if (!decode_compiled(DecodeFormat::kKvarn, k.key_bits, k.value_bits))
     return cat("KVarN k", k.key_bits, "v", k.value_bits, " (decode compiles ",
                decode_compiled_list(DecodeFormat::kKvarn), ")");
+  if (k.recent != 0)
+    return cat("KVarN recent window ", k.recent,
+               " (the GPU cache seals every full non-sink block; recent=0 only)");
   if (k.sink() % k.group != 0)
     return cat("KVarN sink ", k.sink(), " is not a multiple of the group ", k.group,
                " (GPU blocks are whole groups)");

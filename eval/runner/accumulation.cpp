@@ -31,13 +31,15 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // Only the last block computes logits (and hidden states when asked): decoding starts from it.
 template <class F>
 void run_blocks(const Model& model, ModelKvCache& cache, std::span<const std::int32_t> tokens,
-                int block, bool attention_outputs, bool last_hidden, F&& on_block) {
+                int block, ChunkAttention current_token, bool attention_outputs, bool last_hidden,
+                F&& on_block) {
   const int n = static_cast<int>(tokens.size());
   for (int start = 0; start < n; start += block) {
     const int len = std::min(block, n - start);
     const bool last = start + len == n;
     ForwardOptions fo;
     fo.logits = last ? LogitsMode::kLast : LogitsMode::kNone;
+    fo.chunk_attention = current_token;
     fo.attention_outputs = attention_outputs;
     fo.hidden_states = last && last_hidden;
     on_block(start, model.forward(cache, tokens.subspan(start, len), fo));
@@ -56,6 +58,21 @@ Matrix last_hidden_rows(const ForwardResult& r) {
 
 std::span<const float> row_span(const Matrix& m, Eigen::Index r) {
   return {m.data() + r * m.cols(), static_cast<std::size_t>(m.cols())};
+}
+
+// One decode step under the current-token policy; hidden states when asked.
+ForwardResult step(const Model& model, ModelKvCache& cache, std::int32_t token,
+                   ChunkAttention current_token, bool hidden_states) {
+  ForwardOptions fo;
+  fo.chunk_attention = current_token;
+  fo.hidden_states = hidden_states;
+  return model.forward(cache, std::span<const std::int32_t>(&token, 1), fo);
+}
+
+std::vector<float> step_logits(const Model& model, ModelKvCache& cache, std::int32_t token,
+                               ChunkAttention current_token) {
+  const ForwardResult r = step(model, cache, token, current_token, false);
+  return {r.logits.data(), r.logits.data() + r.logits.size()};
 }
 
 // MAE and NMSE of `a` against rows [first, first + a.rows()) of `ref`, in double.
@@ -103,9 +120,9 @@ void check_options(const AccumulationOptions& o) {
 // Free-running decode from the cache state after the context (`logits` = next-token logits).
 // `pick(step, logits)` chooses the token; KL against `ref_logits` while the prefixes agree.
 template <class Pick>
-FreeRunResult free_run(const Model& model, ModelKvCache& cache, std::vector<float> logits,
-                       const std::vector<std::int32_t>& ref_tokens, const Matrix& ref_logits,
-                       int steps, Pick&& pick) {
+FreeRunResult free_run(const Model& model, ModelKvCache& cache, ChunkAttention current_token,
+                       std::vector<float> logits, const std::vector<std::int32_t>& ref_tokens,
+                       const Matrix& ref_logits, int steps, Pick&& pick) {
   FreeRunResult r;
   r.tokens_ref = ref_tokens;
   r.first_divergence = steps;
@@ -121,13 +138,23 @@ FreeRunResult free_run(const Model& model, ModelKvCache& cache, std::vector<floa
     } else if (r.first_divergence == steps) {
       r.first_divergence = t;
     }
-    if (t + 1 < steps) logits = model.decode_step(cache, tok);
+    if (t + 1 < steps) logits = step_logits(model, cache, tok, current_token);
   }
   r.token_agreement = static_cast<double>(agree) / steps;
   return r;
 }
 
 }  // namespace
+
+std::string current_token_name(ChunkAttention policy) {
+  return policy == ChunkAttention::kCache ? "quantized" : "exact";
+}
+
+ChunkAttention parse_current_token(const std::string& name) {
+  if (name == "exact") return ChunkAttention::kExact;
+  if (name == "quantized") return ChunkAttention::kCache;
+  fail("current-token policy '", name, "': expected exact or quantized");
+}
 
 double finite_mean(const std::vector<double>& v) {
   double s = 0;
@@ -194,6 +221,7 @@ AccumulationReference accumulation_reference(const Model& model,
   KVARN_CHECK(!prompt.empty(), "accumulation: empty prompt");
   const ModelConfig& cfg = model.config();
   AccumulationReference ref;
+  ref.current_token = o.current_token;
   ref.prompt_tokens = std::min(static_cast<int>(prompt.size()), o.context);
   ref.context.assign(prompt.begin(), prompt.begin() + ref.prompt_tokens);
   if (ref.prompt_tokens < o.context) {
@@ -209,7 +237,7 @@ AccumulationReference accumulation_reference(const Model& model,
   ref.attention.assign(cfg.num_layers, Matrix(o.context, cfg.hidden_size));
   std::vector<float> logits;
   Matrix hidden;
-  run_blocks(model, cache, ref.context, o.block, o.pseudo_decode, decode,
+  run_blocks(model, cache, ref.context, o.block, o.current_token, o.pseudo_decode, decode,
              [&](int start, const ForwardResult& r) {
                for (std::size_t l = 0; l < r.attention_outputs.size(); ++l) {
                  ref.attention[l].middleRows(start, r.tokens) = r.attention_outputs[l];
@@ -238,20 +266,19 @@ AccumulationReference accumulation_reference(const Model& model,
     const std::int32_t tok = argmax(logits);
     ref.greedy_tokens.push_back(tok);
     if (t + 1 == steps) break;
-    ForwardOptions fo;
-    fo.hidden_states = true;
-    const ForwardResult r = model.forward(cache, std::span<const std::int32_t>(&tok, 1), fo);
+    const ForwardResult r = step(model, cache, tok, o.current_token, true);
     logits.assign(r.logits.data(), r.logits.data() + r.logits.size());
     hidden = last_hidden_rows(r);
   }
 
   if (o.free_running && o.temperature > 0) {
     ModelKvCache sc = model.make_cache("exact_fp16");
-    run_blocks(model, sc, ref.context, o.block, false, false, [&](int, const ForwardResult& r) {
-      if (r.logits.rows() > 0) {
-        logits.assign(r.logits.data(), r.logits.data() + r.logits.size());
-      }
-    });
+    run_blocks(model, sc, ref.context, o.block, o.current_token, false, false,
+               [&](int, const ForwardResult& r) {
+                 if (r.logits.rows() > 0) {
+                   logits.assign(r.logits.data(), r.logits.data() + r.logits.size());
+                 }
+               });
     std::mt19937_64 rng(o.seed);
     ref.sampled_logits.resize(steps, cfg.vocab_size);
     for (int t = 0; t < steps; ++t) {
@@ -259,7 +286,7 @@ AccumulationReference accumulation_reference(const Model& model,
           Eigen::Map<const Eigen::RowVectorXf>(logits.data(), cfg.vocab_size);
       const std::int32_t tok = sample_top_p(logits, o.temperature, o.top_p, uniform01(rng));
       ref.sampled_tokens.push_back(tok);
-      if (t + 1 < steps) logits = model.decode_step(sc, tok);
+      if (t + 1 < steps) logits = step_logits(model, sc, tok, o.current_token);
     }
   }
   return ref;
@@ -273,8 +300,13 @@ AccumulationResult run_accumulation(const Model& model, const AccumulationRefere
   const int steps = o.decode_steps;
   KVARN_CHECK(static_cast<int>(ref.context.size()) == o.context,
               "accumulation: reference made for another context length");
+  KVARN_CHECK(ref.current_token == o.current_token,
+              "accumulation: reference run with current token ",
+              current_token_name(ref.current_token), ", method asked with ",
+              current_token_name(o.current_token));
   AccumulationResult res;
   res.method = method_spec;
+  res.current_token = o.current_token;
   const bool decode = o.teacher_forced || o.free_running;
   KVARN_CHECK(!o.pseudo_decode || static_cast<int>(ref.attention.size()) == L,
               "accumulation: reference lacks the pseudo-decode outputs");
@@ -286,8 +318,8 @@ AccumulationResult run_accumulation(const Model& model, const AccumulationRefere
     std::vector<float> logits;
     Matrix hidden;
     PseudoDecodeResult& p = res.pseudo;
-    run_blocks(model, cache, ref.context, o.block, o.pseudo_decode, o.teacher_forced,
-               [&](int start, const ForwardResult& r) {
+    run_blocks(model, cache, ref.context, o.block, o.current_token, o.pseudo_decode,
+               o.teacher_forced, [&](int start, const ForwardResult& r) {
                  if (o.pseudo_decode) {
                    p.context_len.push_back(start + r.tokens);
                    std::vector<double> mae(L), nmse(L);
@@ -320,9 +352,7 @@ AccumulationResult run_accumulation(const Model& model, const AccumulationRefere
         tf.hidden_drift.push_back(std::move(drift));
         if (t + 1 == steps) break;
         const std::int32_t tok = ref.greedy_tokens[t];  // teacher forcing
-        ForwardOptions fo;
-        fo.hidden_states = true;
-        const ForwardResult r = model.forward(cache, std::span<const std::int32_t>(&tok, 1), fo);
+        const ForwardResult r = step(model, cache, tok, o.current_token, true);
         logits.assign(r.logits.data(), r.logits.data() + r.logits.size());
         hidden = last_hidden_rows(r);
       }
@@ -347,8 +377,11 @@ AccumulationResult run_accumulation(const Model& model, const AccumulationRefere
     PseudoDecodeResult& p = res.pseudo;
     for (int start = 0; start < o.context; start += o.block) {
       const int len = std::min(o.block, o.context - start);
-      // An fp32 exact cache holds the reconstruction as is.
-      ModelKvCache c = ModelKvCache::exact(cfg.kv_geometry(), false);
+      // An fp32 exact cache holds the reconstruction as is. Under the `quantized` policy the
+      // block reads itself back from the cache, so the cache is fp16 like the reference's (the
+      // prefix rows then pass through fp16 too; the fp16 method's rows are fp16 already).
+      const bool read_back = o.current_token == ChunkAttention::kCache;
+      ModelKvCache c = ModelKvCache::exact(cfg.kv_geometry(), read_back);
       for (int l = 0; l < L; ++l) {
         std::vector<MatrixMap> k, v;
         for (int h = 0; h < Hk; ++h) {
@@ -359,6 +392,7 @@ AccumulationResult run_accumulation(const Model& model, const AccumulationRefere
       }
       ForwardOptions fo;
       fo.logits = LogitsMode::kNone;
+      fo.chunk_attention = o.current_token;
       fo.attention_outputs = true;
       const ForwardResult r =
           model.forward(c, std::span<const std::int32_t>(ref.context).subspan(start, len), fo);
@@ -374,24 +408,26 @@ AccumulationResult run_accumulation(const Model& model, const AccumulationRefere
   if (o.free_running) {
     auto after_context = [&](ModelKvCache& c) {
       std::vector<float> logits;
-      run_blocks(model, c, ref.context, o.block, false, false, [&](int, const ForwardResult& r) {
-        if (r.logits.rows() > 0) {
-          logits.assign(r.logits.data(), r.logits.data() + r.logits.size());
-        }
-      });
+      run_blocks(model, c, ref.context, o.block, o.current_token, false, false,
+                 [&](int, const ForwardResult& r) {
+                   if (r.logits.rows() > 0) {
+                     logits.assign(r.logits.data(), r.logits.data() + r.logits.size());
+                   }
+                 });
       return logits;
     };
     {
       ModelKvCache c = host_cache(model, method_spec);
-      res.greedy = free_run(model, c, after_context(c), ref.greedy_tokens, ref.greedy_logits, steps,
+      res.greedy = free_run(model, c, o.current_token, after_context(c), ref.greedy_tokens,
+                            ref.greedy_logits, steps,
                             [](int, const std::vector<float>& lg) { return argmax(lg); });
       res.has_greedy = true;
     }
     if (o.temperature > 0) {
       ModelKvCache c = host_cache(model, method_spec);
       std::mt19937_64 rng(o.seed);  // the reference's stream: coupled draws
-      res.sampled = free_run(model, c, after_context(c), ref.sampled_tokens, ref.sampled_logits,
-                             steps, [&](int, const std::vector<float>& lg) {
+      res.sampled = free_run(model, c, o.current_token, after_context(c), ref.sampled_tokens,
+                             ref.sampled_logits, steps, [&](int, const std::vector<float>& lg) {
                                return sample_top_p(lg, o.temperature, o.top_p, uniform01(rng));
                              });
       res.has_sampled = true;
@@ -460,7 +496,7 @@ nlohmann::json to_json(const AccumulationResult& r) {
     for (const auto& row : v) a.push_back(vec(row));
     return a;
   };
-  json j = {{"method", r.method}};
+  json j = {{"method", r.method}, {"current_token", current_token_name(r.current_token)}};
   if (r.has_pseudo) {
     j["pseudo_decode"] = {{"context_len", r.pseudo.context_len},
                           {"mae_accumulated", mat(r.pseudo.mae_accumulated)},

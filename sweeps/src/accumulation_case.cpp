@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kvarn/core/effective_bits.hpp"
 #include "kvarn/core/registry.hpp"
 #include "kvarn/data/error.hpp"
 #include "kvarn/data/h5_io.hpp"
@@ -47,8 +48,10 @@ namespace {
 using nlohmann::json;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-AccumulationOptions options_of(const AccumulationSettings& a, std::size_t prompt_index) {
+AccumulationOptions options_of(const AccumulationSettings& a, std::size_t prompt_index,
+                               const std::string& current_token) {
   AccumulationOptions o;
+  o.current_token = parse_current_token(current_token);
   o.block = a.block;
   o.context = a.context;
   o.decode_steps = a.decode_steps;
@@ -85,14 +88,15 @@ const Runner& runner_for(const AccumulationModel& m, const AccumulationSettings&
 }
 
 const AccumulationReference& reference_for(const Runner& r, const AccumulationModel& m,
-                                           const AccumulationSettings& a, std::size_t p) {
-  const AccumulationOptions o = options_of(a, p);
+                                           const AccumulationSettings& a, std::size_t p,
+                                           const std::string& current_token) {
+  const AccumulationOptions o = options_of(a, p, current_token);
   const std::string key = m.resolved.string() + "|" + a.device + "|" + a.prompt_ids[p] + "|" +
-                          std::to_string(o.block) + "|" + std::to_string(o.context) + "|" +
-                          std::to_string(o.decode_steps) + "|" + std::to_string(o.seed) + "|" +
-                          std::to_string(o.temperature) + "|" + std::to_string(o.top_p) + "|" +
-                          std::to_string(o.pseudo_decode) + std::to_string(o.teacher_forced) +
-                          std::to_string(o.free_running);
+                          current_token + "|" + std::to_string(o.block) + "|" +
+                          std::to_string(o.context) + "|" + std::to_string(o.decode_steps) + "|" +
+                          std::to_string(o.seed) + "|" + std::to_string(o.temperature) + "|" +
+                          std::to_string(o.top_p) + "|" + std::to_string(o.pseudo_decode) +
+                          std::to_string(o.teacher_forced) + std::to_string(o.free_running);
   auto it = memo().refs.find(key);
   if (it == memo().refs.end()) {
     // Token-id prompts need no tokenizer (builds without PCRE2, e.g. the GPU image).
@@ -220,11 +224,18 @@ AccumulationCase run_accumulation_case(const SweepConfig& cfg, const CaseSpec& c
   out.data = std::make_shared<AccumulationCaseData>();
   const std::unique_ptr<Method> method = make_method(cs.spec);
   json models = json::array();
-  for (const AccumulationModel& m : a.models) {
+  // One run per model and current-token policy; "exact" keeps the model's name as its `data`
+  // label, other policies add "@<policy>".
+  std::vector<std::pair<const AccumulationModel*, std::string> > runs;
+  for (const AccumulationModel& m : a.models)
+    for (const std::string& policy : a.current_token) runs.emplace_back(&m, policy);
+  for (const auto& [model, policy] : runs) {
+    const AccumulationModel& m = *model;
     AccumulationCaseData::Model md;
-    md.name = m.name;
+    md.name = policy == "exact" ? m.name : m.name + "@" + policy;
     md.num_layers = m.num_layers;
-    json jm = {{"model", m.name}, {"path", m.path}, {"head_dim", m.head_dim}};
+    json jm = {
+        {"model", md.name}, {"path", m.path}, {"head_dim", m.head_dim}, {"current_token", policy}};
     try {
       method->check_head_dim(m.head_dim);
     } catch (const Error& e) {
@@ -237,8 +248,8 @@ AccumulationCase run_accumulation_case(const SweepConfig& cfg, const CaseSpec& c
     const Runner& r = runner_for(m, a);
     json prompts = json::array();
     for (std::size_t p = 0; p < a.prompt_ids.size(); ++p) {
-      const AccumulationReference& ref = reference_for(r, m, a, p);
-      AccumulationResult res = run_accumulation(r.model(), ref, cs.spec, options_of(a, p));
+      const AccumulationReference& ref = reference_for(r, m, a, p, policy);
+      AccumulationResult res = run_accumulation(r.model(), ref, cs.spec, options_of(a, p, policy));
       json jr = to_json(res);
       jr["prompt_id"] = a.prompt_ids[p];
       jr["prompt_tokens"] = ref.prompt_tokens;
@@ -251,13 +262,17 @@ AccumulationCase run_accumulation_case(const SweepConfig& cfg, const CaseSpec& c
     // Summary rows: means over prompts of each prompt's summary; per-layer rows for the final
     // block and the hidden drift.
     const double bits = method->accounting(m.head_dim).bits_per_element();
+    // Model level at the context length: fp16 sink/tail/windows and boundary layers included.
+    const double eff = model_effective_bits(*method, m.head_dim, a.context, m.num_layers);
     auto row = [&](const std::string& metric, json layer, double value) {
       out.rows.push_back({{"case_id", cs.id},
                           {"method", cs.name},
                           {"spec", cs.spec},
                           {"family", cs.family},
-                          {"data", m.name},
+                          {"data", md.name},
                           {"bits_per_element", bits},
+                          {"effective_bits", eff},
+                          {"current_token", policy},
                           {"metric", metric},
                           {"scope", metric.substr(0, metric.find('.'))},
                           {"layer", std::move(layer)},
@@ -299,7 +314,8 @@ AccumulationCase run_accumulation_case(const SweepConfig& cfg, const CaseSpec& c
                 {"prompt_ids", a.prompt_ids},
                 {"block", a.block},
                 {"context", a.context},
-                {"decode_steps", a.decode_steps}};
+                {"decode_steps", a.decode_steps},
+                {"current_token", a.current_token}};
   return out;
 }
 

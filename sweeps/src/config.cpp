@@ -53,7 +53,7 @@ const std::vector<std::string> kCaptureKeys = {
     "layers", "kv_heads", "query_heads", "chat",     "device",     "threads"};
 const std::vector<std::string> kAccumulationKeys = {
     "enabled", "model", "prompts",     "prompt_ids", "block",  "context", "decode_steps",
-    "modes",   "seed",  "temperature", "top_p",      "device", "threads"};
+    "modes",   "seed",  "temperature", "top_p",      "device", "threads", "current_token"};
 const std::vector<std::string> kAccumulationModes = {"pseudo_decode", "teacher_forced",
                                                      "free_running"};
 const std::vector<std::string> kMetricsKeys = {"reconstruction", "attention", "outlier_fractions",
@@ -679,6 +679,23 @@ void parse_accumulation(const Ctx& c, const YAML::Node& acc, const fs::path& con
     }
   }
 
+  // Current-token policy: one of exact / quantized, or a list of both (each a separate run).
+  if (const YAML::Node ct = acc["current_token"]; ct.IsDefined()) {
+    a.current_token.clear();
+    const bool list = ct.IsSequence();
+    if (list && ct.size() == 0) c.fail_at(ct, "accumulation.current_token", "empty list");
+    for (std::size_t i = 0; i < (list ? ct.size() : 1); ++i) {
+      const YAML::Node n = list ? ct[i] : ct;
+      std::string k = "accumulation.current_token";
+      if (list) k += "." + std::to_string(i);
+      const std::string v = get_string(c, n, k);
+      if (v != "exact" && v != "quantized") c.fail_at(n, k, "expected exact or quantized");
+      if (std::find(a.current_token.begin(), a.current_token.end(), v) != a.current_token.end())
+        c.fail_at(n, k, "'" + v + "' given twice");
+      a.current_token.push_back(v);
+    }
+  }
+
   // Models: one path or a list; each a checkpoint directory the runner can load.
   const YAML::Node mn = acc["model"];
   if (!mn.IsDefined() || mn.IsNull()) {
@@ -873,19 +890,22 @@ json accumulation_json(const AccumulationSettings& a) {
   if (a.pseudo_decode) modes.push_back("pseudo_decode");
   if (a.teacher_forced) modes.push_back("teacher_forced");
   if (a.free_running) modes.push_back("free_running");
-  return {{"enabled", true},
-          {"models", models},
-          {"prompts", a.prompts},
-          {"prompts_fingerprint", file_fingerprint(a.prompts_resolved)},
-          {"prompt_ids", a.prompt_ids},
-          {"block", a.block},
-          {"context", a.context},
-          {"decode_steps", a.decode_steps},
-          {"modes", modes},
-          {"temperature", a.temperature},
-          {"top_p", a.top_p},
-          {"seed", a.seed},
-          {"device", a.device}};
+  json out = {{"enabled", true},
+              {"models", models},
+              {"prompts", a.prompts},
+              {"prompts_fingerprint", file_fingerprint(a.prompts_resolved)},
+              {"prompt_ids", a.prompt_ids},
+              {"block", a.block},
+              {"context", a.context},
+              {"decode_steps", a.decode_steps},
+              {"modes", modes},
+              {"temperature", a.temperature},
+              {"top_p", a.top_p},
+              {"seed", a.seed},
+              {"device", a.device}};
+  // Recorded (and hashed) only when not the default, so older runs keep their hash.
+  if (a.current_token != std::vector<std::string>{"exact"}) out["current_token"] = a.current_token;
+  return out;
 }
 
 }  // namespace

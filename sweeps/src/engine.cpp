@@ -478,6 +478,10 @@ json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& ar
     const DataPart& part = parts[ti];
     const std::string& dname = cfg.data.tiles[ti].name;
     const double bits = accounting[dname]["bits_per_element"].get<double>();
+    // Bits per element as stored at the measured lengths (fp16 sink/tail/windows, boundary layers).
+    const json eff = part.fp16_bytes > 0 ? json(16.0 * static_cast<double>(part.stored_bytes) /
+                                                static_cast<double>(part.fp16_bytes))
+                                         : json(nullptr);
     auto emit = [&](const std::string& scope, const PoolKey& pk,
                     const std::vector<std::pair<std::string, double>>& ms_) {
       for (const auto& [name, value] : ms_) {
@@ -488,6 +492,7 @@ json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& ar
                         {"family", cs.family},
                         {"data", dname},
                         {"bits_per_element", bits},
+                        {"effective_bits", eff},
                         {"metric", metric},
                         {"scope", scope},
                         {"layer", layer_cell(std::get<0>(pk))},

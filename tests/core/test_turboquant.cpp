@@ -314,7 +314,7 @@ TEST(BaselinePresets, AllConstructRoundTripAndAccountExactly) {
       }
     }
   }
-  EXPECT_EQ(seen, 2 + 2 + 1 + 4 + 7);
+  EXPECT_EQ(seen, 2 + 3 + 1 + 4 + 7);  // fp8, kivi (2bit, 4bit, k4v2), quarot, tq, tq_paper
 }
 
 }  // namespace

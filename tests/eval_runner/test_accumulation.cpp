@@ -12,6 +12,7 @@
 
 #include "kvarn/data/error.hpp"
 #include "kvarn/eval/accumulation.hpp"
+#include "kvarn/eval/kv_cache.hpp"
 #include "kvarn/eval/model.hpp"
 #include "runner_test_util.hpp"
 
@@ -247,6 +248,67 @@ TEST(AccumulationMath, KlAndTopPSampling) {
   EXPECT_EQ(sample_top_p(p, 1.0, 1.0, 0.999999), 3);
   const std::vector<float> tie = {0.0f, 0.0f};
   EXPECT_EQ(sample_top_p(tie, 1.0, 0.5, 0.9), 0);  // ties by id: token 0 first, alone reaches 0.5
+}
+
+// Current-token policy: `exact` (the chunk attends to its own exact K/V) and `quantized` (it reads
+// itself back as stored) give the same zero error for fp16 and differ for a method that quantizes
+// on arrival.
+AccumulationResult run_policy(const Model& model, const std::string& spec, AccumulationOptions o,
+                              ChunkAttention policy, const std::vector<std::int32_t>& prompt) {
+  o.current_token = policy;
+  return run_accumulation(model, accumulation_reference(model, prompt, o), spec, o);
+}
+
+TEST_F(Accumulation, CurrentTokenFp16HasZeroErrorUnderBothPolicies) {
+  for (auto policy : {ChunkAttention::kExact, ChunkAttention::kCache}) {
+    const AccumulationResult r = run_policy(*model_, "fp16", options(), policy, prompt());
+    EXPECT_EQ(r.current_token, policy);
+    for (const auto* arrays : {&r.pseudo.mae_accumulated, &r.pseudo.mae_static})
+      for (const auto& block : *arrays)
+        for (double x : block) EXPECT_EQ(x, 0.0) << current_token_name(policy);
+    for (double kl : r.teacher.kl) EXPECT_EQ(kl, 0.0) << current_token_name(policy);
+    EXPECT_EQ(r.greedy.token_agreement, 1.0);
+    EXPECT_EQ(r.sampled.token_agreement, 1.0);
+  }
+}
+
+TEST_F(Accumulation, CurrentTokenPoliciesDifferForAQuantizeOnArrivalMethod) {
+  // fp8 stores every token on arrival: with `quantized` a block also reads its own tokens as fp8.
+  const AccumulationResult exact =
+      run_policy(*model_, "fp8_e4m3", options(), ChunkAttention::kExact, prompt());
+  const AccumulationResult quant =
+      run_policy(*model_, "fp8_e4m3", options(), ChunkAttention::kCache, prompt());
+  EXPECT_EQ(to_json(exact)["current_token"], "exact");
+  EXPECT_EQ(to_json(quant)["current_token"], "quantized");
+  // Block 0 reads nothing cached: zero error with `exact`, not with `quantized`.
+  for (double x : exact.pseudo.mae_accumulated.front()) EXPECT_EQ(x, 0.0);
+  double first_block = 0;
+  for (double x : quant.pseudo.mae_accumulated.front()) first_block += x;
+  EXPECT_GT(first_block, 0.0);
+  EXPECT_NE(exact.pseudo.mae_accumulated, quant.pseudo.mae_accumulated);
+  EXPECT_NE(exact.teacher.kl, quant.teacher.kl);
+}
+
+TEST_F(Accumulation, CurrentTokenReferenceMustMatchThePolicy) {
+  AccumulationOptions quantized = options();
+  quantized.current_token = ChunkAttention::kCache;
+  const AccumulationReference ref = accumulation_reference(*model_, prompt(), options());
+  EXPECT_THROW(run_accumulation(*model_, ref, "fp16", quantized), Error);
+  EXPECT_EQ(parse_current_token("quantized"), ChunkAttention::kCache);
+  EXPECT_EQ(parse_current_token("exact"), ChunkAttention::kExact);
+  EXPECT_THROW(parse_current_token("cache"), Error);
+}
+
+// The GPU paged cache seals every full block: a KVarN trailing window stays on the host path and
+// says why (no model needed).
+TEST(AccumulationDevice, KvarnRecentWindowIsAHostOnlyConfiguration) {
+  const KvGeometry g{2, 2, 128};
+  const std::string why = ModelKvCache(g, "kvarn_paper_k2v2").device_unsupported();
+  EXPECT_TRUE(why.find("recent") != std::string::npos ||
+              why.find("without kvarn_cuda") != std::string::npos)
+      << why;
+  const std::string plain = ModelKvCache(g, "kvarn:k=2,v=2,g=128,scales=fp8").device_unsupported();
+  EXPECT_EQ(plain.find("recent"), std::string::npos) << plain;
 }
 
 }  // namespace

@@ -106,6 +106,29 @@ TEST_F(CliTest, MethodsTableListsPresets) {
   EXPECT_NE(r.out.find("512.00"), std::string::npos) << r.out;
 }
 
+// Model-level effective bits: turboquant_3bit_nc on 8 layers keeps 4 fp16 (boundary=2):
+// (4 * 16 + 4 * 3.1875) / 8 = 9.59375; KVarN k4v2 at T = 768, D = 64 stores 69248 B per
+// (layer, head): 5.6354 bits, the same at model level.
+TEST_F(CliTest, MethodsPrintsModelLevelEffectiveBits) {
+  const RunResult r = run("methods --json --head-dim 64 --context 768 --layers 8");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  std::map<std::string, nlohmann::json> by_name;
+  for (const auto& m : nlohmann::json::parse(r.out)) by_name[m.at("name").get<std::string>()] = m;
+  EXPECT_DOUBLE_EQ(by_name.at("kvarn_k4v2_g128").at("effective_bits").get<double>(),
+                   69248.0 * 8 / (768 * 128));
+  EXPECT_DOUBLE_EQ(by_name.at("kvarn_k4v2_g128").at("bits_per_element").get<double>(), 3.5625);
+  const RunResult t = run("methods --json --head-dim 128 --context 100 --layers 8");
+  ASSERT_EQ(t.rc, 0) << t.err;
+  for (const auto& m : nlohmann::json::parse(t.out)) by_name[m.at("name").get<std::string>()] = m;
+  EXPECT_DOUBLE_EQ(by_name.at("turboquant_3bit_nc").at("effective_bits").get<double>(), 9.59375);
+  EXPECT_EQ(by_name.at("turboquant_3bit_nc").at("layers").get<int>(), 8);
+  const RunResult table = run("methods --context 768 --layers 8");
+  ASSERT_EQ(table.rc, 0) << table.err;
+  EXPECT_NE(table.out.find("eff@T,L"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("kvarn_paper_k2v2"), std::string::npos) << table.out;
+  EXPECT_NE(run("methods --layers 0").rc, 0);
+}
+
 TEST_F(CliTest, QuantizeSampleWritesConsistentFile) {
   ASSERT_TRUE(fs::exists(sample())) << sample();
   const fs::path out = dir_ / "q.h5";

@@ -1,13 +1,16 @@
 // KIVI (Liu et al., ICML 2024; baselines.md section 2): 2/4-bit asymmetric min-max RTN,
-// keys per channel over groups of `group` tokens, flushed `residual` tokens at a time (0..R-1
-// fp16 keys), values per token over groups of `group` channels behind a sliding window of R fp16
-// tokens. Scale and minimum stored fp16 per group.
+// keys per channel over groups of `key_group` tokens, flushed `residual` tokens at a time (0..R-1
+// fp16 keys), values per token over groups of `value_group` channels behind a sliding window of R
+// fp16 tokens. Scale and minimum stored fp16 per group. Keys and values have their own bits and
+// groups ("kivi:k=4,v=2"), so budgets such as KVarN's k4v2 have a KIVI rival at the same bits.
 //
-// Stored chunk (D = head_dim, G = group, R = residual, b = bits; codes packed with pack.hpp):
-//   keys   (R tokens): k_codes u8 [D, R*b/8] (channel-major, packed along tokens),
-//                      k_scale f16 [D, R/G], k_min f16 [D, R/G]
-//   values (1 token):  v_codes u8 [1, D*b/8], v_scale f16 [D/G], v_min f16 [D/G]
-//   bytes/token (quantized region) = 2 * (D*b/8 + 4*D/G): 96 (b=2) / 160 (b=4) at D=128, G=32.
+// Stored chunk (D = head_dim, Gk/Gv = groups, R = residual, bk/bv = bits; codes packed as in
+// pack.hpp):
+//   keys   (R tokens): k_codes u8 [D, R*bk/8] (channel-major, packed along tokens),
+//                      k_scale f16 [D, R/Gk], k_min f16 [D, R/Gk]
+//   values (1 token):  v_codes u8 [1, D*bv/8], v_scale f16 [D/Gv], v_min f16 [D/Gv]
+//   bytes/token (quantized region) = D*bk/8 + 4*D/Gk + D*bv/8 + 4*D/Gv:
+//   96 (2/2) / 160 (4/4) / 128 (k4v2) at D=128, Gk = Gv = 32.
 #ifndef KVARN_CORE_KIVI_HPP_
 #define KVARN_CORE_KIVI_HPP_
 
@@ -20,9 +23,12 @@
 namespace kvarn {
 
 struct KiviConfig {
-  int bits = 2;        // 2 or 4
-  int group = 32;      // tokens per key group, channels per value group
-  int residual = 128;  // R: multiple of group
+  int key_bits = 2;      // 2 or 4
+  int value_bits = 2;    // 2 or 4
+  int key_group = 32;    // tokens per key group (per channel)
+  int value_group = 32;  // channels per value group (per token)
+  int residual = 128;    // R: multiple of key_group
+  bool symmetric() const { return key_bits == value_bits && key_group == value_group; }
 };
 
 class KiviMethod : public Method {

@@ -43,8 +43,17 @@ struct KvarnConfig {
   float rtn_quantile = 0.0f;
   ScaleStorage scales = ScaleStorage::kFp16;
   int sink_tokens = -1;  // -1: one group (upstream: the first block); 0: none; else a count
+  // Trailing fp16 window: the newest `recent` tokens are never quantized (the paper's fixed
+  // R = 128 window); a tile is quantized once all its tokens are older than that. 0: upstream
+  // (the in-progress tile is the only fp16 tail).
+  int recent = 0;
   int sink() const { return sink_tokens < 0 ? group : sink_tokens; }
 };
+
+// The paper's evaluated variant (arXiv 2606.03458, section 5: "KVarN 2/2"): 2-bit K and V, tiles
+// of 128, fp8 scales, 128-token fp16 sink and 128-token fp16 trailing window.
+inline constexpr const char* kKvarnPaperPreset = "kvarn_paper_k2v2";
+inline constexpr const char* kKvarnPaperSpec = "kvarn:k=2,v=2,g=128,scales=fp8,sink=128,recent=128";
 
 struct KvarnRecordLayout {
   int head_dim = 0, group = 0, key_bits = 0, value_bits = 0;

@@ -16,7 +16,16 @@
 //    the two prefixes still agree.
 //
 // The fp16 reference is the runner with an `exact_fp16` cache (bit-identical to the `fp16`
-// method), run with the same block partition, so the fp16 method gives exactly zero error.
+// method), run with the same block partition and current-token policy, so the fp16 method gives
+// exactly zero error.
+//
+// Current-token policy (AccumulationOptions::current_token, config key
+// accumulation.current_token): `exact` (ChunkAttention::kExact; KIVI's and KVarN's kernels) lets
+// the chunk being run attend to its own exact K/V and quantizes it when written afterwards;
+// `quantized` (ChunkAttention::kCache; vLLM's TurboQuant and FP8 decode) writes the chunk first
+// and reads every token back as stored. It applies to the accumulated pseudo-decode and to both
+// decode protocols. The static baseline's block reads its own K/V exact (`exact`) or, under
+// `quantized`, as an fp16 cache stores them, over the final cache's reconstruction held in fp16.
 // This header is torch-free (kvarn_runner).
 #ifndef KVARN_EVAL_ACCUMULATION_HPP_
 #define KVARN_EVAL_ACCUMULATION_HPP_
@@ -41,10 +50,18 @@ struct AccumulationOptions {
   std::uint64_t seed = 0;    // sampled free-running run
   double temperature = 0.6;  // sampled run; <= 0: greedy only
   double top_p = 0.95;
+  ChunkAttention current_token = ChunkAttention::kExact;
 };
+
+// "exact" / "quantized" (config and record spelling) <-> ChunkAttention; parse throws
+// kvarn::Error naming the valid values.
+std::string current_token_name(ChunkAttention policy);
+ChunkAttention parse_current_token(const std::string& name);
 
 // The fp16 run of one prompt; computed once and reused for every method.
 struct AccumulationReference {
+  // The current-token policy it was run with.
+  ChunkAttention current_token = ChunkAttention::kExact;
   int prompt_tokens = 0;                     // tokens of the prompt within the context
   std::vector<std::int32_t> context;         // [context]: prompt + fp16 greedy continuation
   std::vector<Matrix> attention;             // [layers] of [context, hidden] (pseudo-decode)
@@ -82,6 +99,7 @@ struct FreeRunResult {
 
 struct AccumulationResult {
   std::string method;  // the spec run
+  ChunkAttention current_token = ChunkAttention::kExact;
   bool has_pseudo = false, has_teacher = false, has_greedy = false, has_sampled = false;
   PseudoDecodeResult pseudo;
   TeacherForcedResult teacher;

@@ -109,6 +109,9 @@ struct AccumulationSettings {
   std::int64_t seed = 0;
   std::string device = "cpu";
   int threads = 0;  // CPU intra-op threads; 0: torch's default
+  // Current-token policies, each run separately: "exact" (the chunk attends to its own exact
+  // K/V) and/or "quantized" (it reads itself back as stored). kvarn/eval/accumulation.hpp.
+  std::vector<std::string> current_token = {"exact"};
 };
 
 struct SweepConfig {
