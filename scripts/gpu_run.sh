@@ -151,4 +151,4 @@ CAP=()
 [ -s "$OUT/capacity.json" ] && CAP=(--capacity "$OUT/capacity.json")
 [ -s "$OUT/flashinfer.json" ] && CAP+=(--flashinfer "$OUT/flashinfer.json")
 python3 scripts/gpu_summary.py "$OUT/bench.json" "$OUT/sdpa.json" "$OUT/meta.json" \
-  "$OUT/summary.json" "$OUT/throughput.json" "${CAP[@]}"
+  "$OUT/summary.json" "$OUT/throughput.json" "${CAP[@]}" --markdown "$OUT/table.md"

@@ -4,6 +4,9 @@ prints a short table.
 
 usage: gpu_summary.py bench.json sdpa.json meta.json out.json [throughput.json]
                       [--capacity capacity.json] [--flashinfer flashinfer.json]
+                      [--markdown table.md]
+
+--markdown writes the lead table of docs/PERFORMANCE.md (Hq 32, contexts 2K / 32K / 128K).
 
 summary["throughput"] (also written alone, a bare list, to throughput.json: the file
 reports/kvarn_report reads from a run directory) holds one entry per decode case:
@@ -392,6 +395,22 @@ def print_tables(out):
             for c in cap))
 
 
+def markdown_table(out, hq=32, contexts=(2048, 32768, 131072)):
+    """The lead table of docs/PERFORMANCE.md: one row per (method, batch, context) at hq."""
+    f = lambda x, p=2: "–" if x is None else f"{x:.{p}f}"  # noqa: E731
+    lines = ["| method | B | context | µs | TB/s | % read BW | × best FP16 (which) | × SDPA | "
+             "× FlashInfer |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    order = {m: i for i, m in enumerate(METHOD)}
+    rows = [r for r in out["decode"] if r["hq"] == hq and r["ctx"] in contexts]
+    for r in sorted(rows, key=lambda r: (r["batch"], r["ctx"], order.get(r["fmt"], 99))):
+        lines.append(
+            f"| {METHOD.get(r['fmt'], r['fmt'])} | {r['batch']} | {r['ctx']} | "
+            f"{r['time_s'] * 1e6:.1f} | {r['TBps']:.2f} | {f(r['pct_read_bw'], 0)} | "
+            f"{f(r['speedup_vs_best_fp16'])} ({r['best_fp16'] or '–'}) | "
+            f"{f(r['speedup_vs_sdpa'])} | {f(r['speedup_vs_flashinfer'])} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv):
     args = list(argv[1:])
     def take(flag):
@@ -406,6 +425,7 @@ def main(argv):
 
     capacity_path = take("--capacity")
     flashinfer_path = take("--flashinfer")
+    markdown_path = take("--markdown")
     if len(args) not in (4, 5):
         raise InputError("usage: gpu_summary.py bench.json sdpa.json meta.json out.json "
                          "[throughput.json] [--capacity capacity.json]")
@@ -430,6 +450,9 @@ def main(argv):
     tp_path = args[4] if len(args) > 4 else os.path.join(
         os.path.dirname(os.path.abspath(args[3])), "throughput.json")
     write_json(tp_path, throughput)
+    if markdown_path:
+        with open(markdown_path, "w") as f:
+            f.write(markdown_table(out))
     print_tables(out)
     return 0
 

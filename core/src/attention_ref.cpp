@@ -3,35 +3,35 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kvarn/core/attention_row.hpp"
 #include "kvarn/data/error.hpp"
 
 namespace kvarn {
 
-namespace {
-
-// softmax(scale * q . K[0..n)) V[0..n) for one query row, fp64 accumulation.
-void attend_row(const float* q, const KvRows& kv, int n, int d, double scale, float* out) {
-  std::vector<double> s(n);
-  double m = -INFINITY;
-  for (int t = 0; t < n; ++t) {
-    const float* k = kv.k.data() + static_cast<std::size_t>(t) * d;
-    double acc = 0;
-    for (int x = 0; x < d; ++x) acc += double(q[x]) * k[x];
-    s[t] = acc * scale;
-    m = std::max(m, s[t]);
-  }
-  double l = 0;
-  std::vector<double> o(d, 0.0);
-  for (int t = 0; t < n; ++t) {
-    const double p = std::exp(s[t] - m);
-    l += p;
-    const float* v = kv.v.data() + static_cast<std::size_t>(t) * d;
-    for (int x = 0; x < d; ++x) o[x] += p * v[x];
-  }
-  for (int x = 0; x < d; ++x) out[x] = static_cast<float>(o[x] / l);
+double log_sum_exp(const double* s, int n) {
+  namespace ar = attention_row;
+  double mx = s[0];
+  for (int j = 1; j < n; ++j) mx = ar::max_of(mx, s[j]);
+  double sum = 0;
+  for (int j = 0; j < n; ++j) sum += std::exp(s[j] - mx);
+  return ar::lse_finish(mx, sum);
 }
 
-}  // namespace
+MatrixD attention_head_ref(const MatrixD& q, const MatrixD& k, const MatrixD& v, int q_first,
+                           double scale) {
+  const int tq = static_cast<int>(q.rows());
+  MatrixD out(tq, v.cols());
+  std::vector<double> row;
+  for (int i = 0; i < tq; ++i) {
+    const int n = q_first + i + 1;
+    row.resize(n);
+    for (int j = 0; j < n; ++j) row[j] = q.row(i).dot(k.row(j)) * scale;
+    const double lse = log_sum_exp(row.data(), n);
+    out.row(i).setZero();
+    for (int j = 0; j < n; ++j) out.row(i) += std::exp(row[j] - lse) * v.row(j);
+  }
+  return out;
+}
 
 void attention_ref(const float* q, int num_queries, int num_q_heads, int head_dim,
                    const std::vector<KvRows>& kv, double scale, float* out) {
@@ -46,13 +46,22 @@ void attention_ref(const float* q, int num_queries, int num_q_heads, int head_di
                 "attention_ref: KV head ", h, " holds ", kv[h].len, " tokens for ", num_queries,
                 " queries");
   }
-  for (int i = 0; i < num_queries; ++i)
-    for (int hh = 0; hh < num_q_heads; ++hh) {
-      const KvRows& rows = kv[hh / qpk];
-      const int visible = rows.len - num_queries + i + 1;
-      const std::size_t at = (static_cast<std::size_t>(i) * num_q_heads + hh) * d;
-      attend_row(q + at, rows, visible, d, scale, out + at);
+  using RowsF = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+  for (int h = 0; h < hkv; ++h) {
+    const KvRows& rows = kv[h];
+    const MatrixD k = RowsF(rows.k.data(), rows.len, d).cast<double>();
+    const MatrixD v = RowsF(rows.v.data(), rows.len, d).cast<double>();
+    for (int hh = h * qpk; hh < (h + 1) * qpk; ++hh) {
+      MatrixD qh(num_queries, d);
+      for (int i = 0; i < num_queries; ++i)
+        for (int x = 0; x < d; ++x)
+          qh(i, x) = q[(static_cast<std::size_t>(i) * num_q_heads + hh) * d + x];
+      const MatrixD o = attention_head_ref(qh, k, v, rows.len - num_queries, scale);
+      for (int i = 0; i < num_queries; ++i)
+        for (int x = 0; x < d; ++x)
+          out[(static_cast<std::size_t>(i) * num_q_heads + hh) * d + x] = static_cast<float>(o(i, x));
     }
+  }
 }
 
 KvRows gather_paged(const int* block_table, int len, int block_size, int head_dim, int kv_head,

@@ -5,6 +5,7 @@
 #include <functional>
 #include <numeric>
 
+#include "kvarn/core/attention_ref.hpp"
 #include "kvarn/core/attention_row.hpp"
 #include "kvarn/data/error.hpp"
 #include "kvarn/eval/metrics.hpp"
@@ -17,14 +18,6 @@ namespace kvarn {
 namespace {
 
 namespace ar = attention_row;
-
-double log_sum_exp(const double* s, int n) {
-  double mx = s[0];
-  for (int j = 1; j < n; ++j) mx = ar::max_of(mx, s[j]);
-  double sum = 0;
-  for (int j = 0; j < n; ++j) sum += std::exp(s[j] - mx);
-  return ar::lse_finish(mx, sum);
-}
 
 struct RowStats {
   double mae = 0, rmse = 0, kl = 0, js = 0;
@@ -292,19 +285,8 @@ MatrixD reference_attention(const Matrix& q, const Matrix& k, const Matrix& v, i
   KVARN_CHECK(q.cols() == k.cols() && k.rows() == v.rows() && q_first >= 0 && q_first + tq <= t,
               "reference_attention: q ", q.rows(), "x", q.cols(), ", k ", k.rows(), "x", k.cols(),
               ", v ", v.rows(), "x", v.cols(), ", q_first ", q_first);
-  const MatrixD qd = to_double(q), kd = to_double(k), vd = to_double(v);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.cols()));
-  MatrixD out(tq, v.cols());
-  std::vector<double> row;
-  for (int i = 0; i < tq; ++i) {
-    const int n = q_first + i + 1;
-    row.resize(n);
-    for (int j = 0; j < n; ++j) row[j] = qd.row(i).dot(kd.row(j)) * scale;
-    const double lse = log_sum_exp(row.data(), n);
-    out.row(i).setZero();
-    for (int j = 0; j < n; ++j) out.row(i) += std::exp(row[j] - lse) * vd.row(j);
-  }
-  return out;
+  return attention_head_ref(to_double(q), to_double(k), to_double(v), q_first,
+                            1.0 / std::sqrt(static_cast<double>(q.cols())));
 }
 
 AttentionReport attention_metrics(const std::vector<Matrix>& q, const std::vector<Matrix>& k,

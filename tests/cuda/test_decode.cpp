@@ -21,12 +21,15 @@ namespace {
 
 using cuda::DecodeFormat;
 
+// One case of the table below: its parameters, its name (case_name) and its own NMSE bound
+// against the CPU reference.
 struct DecodeCase {
   DecodeFormat fmt;
   int kb, vb, g, d, hq, hkv, batch, max_len;
   int splits = 0;
   bool fp8_scales = false;
   std::uint64_t seed = 1;
+  double max_nmse = 1e-5;
 };
 
 std::string fmt_name(DecodeFormat f) {
@@ -187,7 +190,7 @@ TEST_P(PagedDecode, MatchesCpuReference) {
   bufs.k_scale = dks.get();
   bufs.v_scale = dvs.get();
   bufs.workspace = ws.get();
-  expect_decode_matches(p, bufs, dout, ws, ref, case_name(c));
+  expect_decode_matches(p, bufs, dout, ws, ref, case_name(c), c.max_nmse);
 }
 
 std::vector<DecodeCase> decode_cases() {

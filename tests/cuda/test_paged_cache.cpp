@@ -2,6 +2,7 @@
 // attention of fp16 queries over the CPU reconstruction (double accumulation) must match the
 // fused decode over the GPU records/pool, NMSE <= 1e-5 (the kernel's fp16 operands and output);
 // quantized flags and byte counts must agree exactly.
+#include "kvarn/core/attention_ref.hpp"
 #include "kvarn/cuda/paged_cache.hpp"
 
 #include <gtest/gtest.h>
@@ -174,27 +175,25 @@ TEST_P(PagedCacheVsCpu, AttentionMatchesCpuCache) {
     for (int i = 0; i < 3; ++i) pos.push_back(static_cast<int>(pick.next() % size));
     std::vector<std::uint16_t> q(pos.size() * hq * d);
     std::vector<float> ref(q.size());
+    // CPU reference (core's attention_head_ref) over the rows the cache holds
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    std::vector<MatrixD> kd(hkv), vd(hkv);
+    for (int h = 0; h < hkv; ++h) {
+      kd[h] = ks[h].cast<double>();
+      vd[h] = vs[h].cast<double>();
+    }
     for (std::size_t i = 0; i < pos.size(); ++i)
       for (int hh = 0; hh < hq; ++hh) {
         const int h = hh / src.qpk;
         const Matrix& qm = src.q[hh];
         const std::size_t o = (i * hq + hh) * d;
-        for (int x = 0; x < d; ++x) q[o + x] = float_to_half_bits(qm(pos[i], x));
-        std::vector<double> s(pos[i] + 1), acc(d, 0.0);
-        double m = -1e300, l = 0;
-        for (int t = 0; t <= pos[i]; ++t) {
-          double dot = 0;
-          for (int x = 0; x < d; ++x) dot += double(half_bits_to_float(q[o + x])) * ks[h](t, x);
-          s[t] = dot * scale;
-          m = std::max(m, s[t]);
+        MatrixD qr(1, d);
+        for (int x = 0; x < d; ++x) {
+          q[o + x] = float_to_half_bits(qm(pos[i], x));
+          qr(0, x) = half_bits_to_float(q[o + x]);
         }
-        for (int t = 0; t <= pos[i]; ++t) {
-          const double p = std::exp(s[t] - m);
-          l += p;
-          for (int x = 0; x < d; ++x) acc[x] += p * vs[h](t, x);
-        }
-        for (int x = 0; x < d; ++x) ref[o + x] = static_cast<float>(acc[x] / l);
+        const MatrixD out = attention_head_ref(qr, kd[h], vd[h], pos[i], scale);
+        for (int x = 0; x < d; ++x) ref[o + x] = static_cast<float>(out(0, x));
       }
     DeviceBuffer<std::uint16_t> dq(q), dout(q.size());
     dout.fill_bytes(0xFF);  // NaN poison: every output must be written

@@ -3,11 +3,24 @@
 #ifndef KVARN_CORE_ATTENTION_REF_HPP_
 #define KVARN_CORE_ATTENTION_REF_HPP_
 
+#include <Eigen/Core>
 #include <cstdint>
 #include <functional>
 #include <vector>
 
 namespace kvarn {
+
+using MatrixD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// log sum_j exp(s_j) of n > 0 finite logits: max first, then the shifted sum in index order
+// (the per-row formulas of kvarn/core/attention_row.hpp).
+double log_sum_exp(const double* s, int n);
+
+// Causal attention of one query head, fp64: q [Tq, D], k and v [T, D]; query row i sits at
+// position q_first + i and sees keys 0..q_first + i. scale multiplies the logits. Returns
+// [Tq, D]. The computation every reference below is built on.
+MatrixD attention_head_ref(const MatrixD& q, const MatrixD& k, const MatrixD& v, int q_first,
+                           double scale);
 
 // K and V rows of one sequence and one KV head, [len, D] each, in the frame the queries use.
 struct KvRows {

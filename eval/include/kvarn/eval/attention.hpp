@@ -18,11 +18,10 @@
 #include <span>
 #include <vector>
 
+#include "kvarn/core/attention_ref.hpp"  // MatrixD, the CPU attention reference
 #include "kvarn/core/method.hpp"
 
 namespace kvarn {
-
-using MatrixD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 // Where the per-(head, position) metrics are computed. kCuda: kvarn_cuda's attention_rows
 // (double logits on the GPU, same row formulas from kvarn/core/attention_row.hpp, outlier
@@ -102,7 +101,8 @@ AttentionReport attention_metrics(const Method& method, const std::vector<Matrix
                                   const LayerContext& layer = {},
                                   const AttentionOptions& opts = {});
 
-// Causal single-head attention output [Tq, D] in double (q_first as in AttentionOptions).
+// Causal single-head attention output [Tq, D] in double (q_first as in AttentionOptions):
+// core's attention_head_ref on the inputs converted to double.
 MatrixD reference_attention(const Matrix& q, const Matrix& k, const Matrix& v, int q_first = -1);
 
 // Primitives on one logit row (same length, finite), in nats.
