@@ -1,5 +1,5 @@
 // Metrics engine throughput against the quantizer's own, in 128x128 K/V tile pairs per second
-// (issue 4: metrics must run at >= 50 % of the quantizer's throughput).
+// (target: metrics run at >= 50 % of the quantizer's throughput).
 //   BM_QuantizeTilePair        kvarn_encode_record (K4 V2, G = D = 128): the quantizer alone
 //   BM_QuantizeDecodeTilePair  encode + decode + inverse rotation: what a cache does per tile
 //   BM_MetricsTilePair         reconstruction_metrics of K and V (every metric, breakdowns on)

@@ -1,5 +1,5 @@
 // CPU reference throughput: K+V tile pairs per second per method (G = D = 128 unless the method
-// says otherwise), 1 and 2 threads. Target (issue 2): kvarn_k4v2_g128 >= 5,000 pairs/s on 2 cores.
+// says otherwise), 1 and 2 threads. Target: kvarn_k4v2_g128 >= 5,000 pairs/s on 2 cores.
 #include <benchmark/benchmark.h>
 
 #include <vector>

@@ -27,5 +27,5 @@ if [ "$NGPU" -gt 1 ]; then
 else
   OUTPUT=$OUTPUT  # one shard is the unsharded run itself
 fi
-python3 reports/kvarn_report.py "$OUTPUT" || echo "warning: report failed" >&2
+"$BIN" report "$OUTPUT" || echo "warning: report failed" >&2
 echo "$OUTPUT"

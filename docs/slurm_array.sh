@@ -26,6 +26,6 @@ if [ "$done_count" -eq "$N" ]; then
   (
     flock 9
     "$BIN" merge "$OUTPUT" "${shards[@]}"
-    python3 reports/kvarn_report.py "$OUTPUT" || echo "warning: report failed" >&2
+    "$BIN" report "$OUTPUT" || echo "warning: report failed" >&2
   ) 9>"$OUTPUT.merge.lock"
 fi

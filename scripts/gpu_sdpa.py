@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch SDPA (flash backend, fp16, contiguous K/V, enable_gqa) decode anchor from Python, same
 shapes as bench/gpu_decode_bench.cu. bench/sdpa_bench.cpp (kvarn_sdpa_bench) measures the same
-through libtorch and is what scripts/gpu_run.sh uses; this script is the fallback and the
+through libtorch and is what `scripts/gpu.sh bench` uses; this script is the fallback and the
 cross-check (--shapes). Writes JSON: list of {hq, hkv, batch, ctx, time_s, kv_bytes, backend,
 source}. Timing: eager, CUDA events, median of 25 repetitions (7 above 20 GB); before every
 repetition the L2 is flushed by reading a buffer of three times its size. The output is checked

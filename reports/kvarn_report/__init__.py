@@ -1,6 +1,7 @@
 """kvarn-eval report generator: a run directory in, report.html / report.md / figures / tables out.
 
-Entry point: reports/kvarn_report.py RUN_DIR [--out DIR]  (see reports/README.md, docs/reports.md).
+Entry points: `kvarn-report RUN_DIR [--out DIR]` (installed) or `python3 -m kvarn_report ...`
+(see reports/README.md, docs/reports.md).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def build_report(run_dir: str, out_dir: Optional[str] = None, quiet: bool = Fals
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="kvarn_report.py",
+        prog="kvarn-report",
         description="Write report.html, report.md, figures (PNG+PDF) and LaTeX tables for a kvarn-eval run directory.",
     )
     ap.add_argument("run_dir", metavar="RUN_DIR", help="run directory written by `kvarn-eval sweep`")

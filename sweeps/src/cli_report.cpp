@@ -1,5 +1,5 @@
 // `kvarn-eval report RUN_DIR [--out DIR]`: figures, tables, report.html and report.md of a run
-// (reports/kvarn_report.py, Python + matplotlib).
+// (the reports/kvarn_report package, Python + matplotlib).
 #include <filesystem>
 #include <memory>
 #include <string>

@@ -54,7 +54,7 @@ void add_sweep_command(CLI::App& app) {
   cmd->add_option("--shard", o->shard, "Run only cases with index % n == i, as i/n (e.g. 0/4)");
   cmd->add_option("--only", o->only, "Run only these case ids or indices (repeatable or a,b,c)");
   cmd->add_flag("--fresh", o->fresh, "Start a new run directory instead of resuming");
-  cmd->add_flag("--no-report", o->no_report, "Do not run reports/kvarn_report.py at the end");
+  cmd->add_flag("--no-report", o->no_report, "Do not run reports/kvarn_report at the end");
   cmd->add_flag("--strict-report", o->strict_report,
                 "Fail when the report script is missing or fails (default: warn)");
   cmd->callback([o] { run_sweep_command(*o); });

@@ -645,8 +645,8 @@ SweepResult run_sweep(const SweepConfig& cfg, const SweepOptions& opts) {
 
   if (opts.report && cfg.report) {
     if (find_report_script().empty()) {
-      KVARN_CHECK(!opts.strict_report, "report: reports/kvarn_report.py not found");
-      std::fprintf(opts.log, "warning: report skipped: reports/kvarn_report.py not found\n");
+      KVARN_CHECK(!opts.strict_report, "report: reports/kvarn_report not found");
+      std::fprintf(opts.log, "warning: report skipped: reports/kvarn_report not found\n");
     } else {
       std::fflush(opts.log);
       res.report_rc = run_report(res.run_dir);

@@ -348,7 +348,7 @@ TEST_F(TileFileTest, WriterRefusesOverwriteAndNonFiniteInput) {
 
 TEST_F(TileFileTest, SampleFileIsValid) {
   const fs::path p = fs::path(KVARN_SOURCE_DIR) / "data" / "tiles" / "sample.h5";
-  if (!fs::exists(p)) GTEST_SKIP() << p << " not present";
+  ASSERT_TRUE(fs::exists(p)) << p << " is committed: missing means a broken checkout";
   TileReader r(p);
   EXPECT_EQ(r.info().head_dim, 128);
   EXPECT_EQ(r.num_sequences(), 2);

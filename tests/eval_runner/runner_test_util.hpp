@@ -53,7 +53,7 @@ inline std::filesystem::path reference_dir(std::string* why) {
   static bool done = false;
   if (!done) {
     done = true;
-    // A prepared reference folder (e.g. carried to a machine without transformers).
+    // A prepared reference folder (e.g. copied to a machine without transformers).
     if (const char* env = std::getenv("KVARN_RUNNER_REF_DIR");
         env != nullptr && std::filesystem::exists(std::filesystem::path(env) / "reference.json")) {
       dir = env;

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <utility>
 
+#include "cuda_load.hpp"
 #include "kvarn/data/error.hpp"
 #include "kvarn/eval/accumulation.hpp"
 #include "kvarn/eval/kv_cache.hpp"
@@ -178,15 +179,9 @@ TEST_F(Accumulation, SameSeedGivesIdenticalArrays) {
 // rounding-level). fp16 must give exactly 0 on both devices (same-device reference).
 TEST(AccumulationCuda, PseudoDecodeMatchesCpu) {
   const auto dir = std::filesystem::path(KVARN_SOURCE_DIR) / "data/models/fixture-qwen3-h128";
-  if (!std::filesystem::exists(dir / "model.safetensors")) {
-    GTEST_SKIP() << "fixture model absent (data/models is untracked; carry it): " << dir;
-  }
-  std::unique_ptr<Model> gpu;
-  try {
-    gpu = Model::load(dir, LoadOptions{"cuda", "float32", 0});
-  } catch (const Error& e) {
-    GTEST_SKIP() << "no CUDA device: " << e.what();
-  }
+  // The fixture is committed: its absence is a broken checkout, not a skip.
+  ASSERT_TRUE(std::filesystem::exists(dir / "model.safetensors")) << dir;
+  KVARN_CUDA_MODEL_OR_SKIP(gpu, dir);
   const auto cpu = Model::load(dir);
   const auto lines = test::read_text(std::filesystem::path(KVARN_SOURCE_DIR) /
                                      "data/prompts/long_context_fixture_ids.jsonl");

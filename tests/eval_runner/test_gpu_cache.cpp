@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_load.hpp"
 #include "kvarn/data/error.hpp"
 #include "kvarn/data/tile_file.hpp"
 #include "kvarn/eval/kv_cache.hpp"
@@ -39,19 +40,8 @@ std::vector<std::int32_t> heldout_tokens() {
   return r.token_ids(0);
 }
 
-std::unique_ptr<Model> cuda_fixture(std::string* why) {
-  try {
-    return Model::load(fixture_dir(), LoadOptions{"cuda", "float32", 0});
-  } catch (const Error& e) {
-    *why = e.what();
-    return nullptr;
-  }
-}
-
-#define KVARN_CUDA_MODEL(var)                \
-  std::string var##_why;                     \
-  const auto var = cuda_fixture(&var##_why); \
-  if (!var) GTEST_SKIP() << "no CUDA device (the GPU KV cache needs one): " << var##_why;
+// The fixture on CUDA: a skip without a device (the GPU KV cache needs one), a failure otherwise.
+#define KVARN_CUDA_MODEL(var) KVARN_CUDA_MODEL_OR_SKIP(var, fixture_dir())
 
 double rel(const Matrix& a, const Matrix& b) { return (a - b).norm() / std::max(1e-30f, b.norm()); }
 

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "cuda_load.hpp"
 #include "kvarn/data/error.hpp"
 #include "kvarn/eval/model.hpp"
 #include "kvarn/eval/runner.hpp"
@@ -85,12 +86,13 @@ TEST_P(Architectures, MatchesTransformers) {
       name.c_str(), r["dtype"].get<std::string>().c_str(), e_prefill, e_decode,
       greedy == ids(r["greedy"]) ? "equal" : "DIFFER");
 
-  // The same on CUDA when a device exists (fp32, no TF32).
-  std::unique_ptr<Model> gpu;
-  try {
-    gpu = Model::load(dir, LoadOptions{"cuda", "float32", 0});
-  } catch (const Error&) {
-    return;  // no CUDA device: ModelCuda.MatchesCpuWhenAvailable reports the skip
+  // The same on CUDA when a device exists (fp32, no TF32); any other load error fails.
+  std::string no_device;
+  const auto gpu = test::load_on_cuda(dir, &no_device);
+  if (gpu == nullptr) {
+    if (!no_device.empty())
+      std::printf("[ runner ] %-10s CUDA part not run: %s\n", name.c_str(), no_device.c_str());
+    return;
   }
   auto gc = gpu->make_cache("exact");
   const double e_gpu = rel(gpu->forward(gc, tokens, all).logits, want);
@@ -329,13 +331,7 @@ TEST_F(ModelErrors, BadInputs) {
 
 TEST(ModelCuda, MatchesCpuWhenAvailable) {
   KVARN_REFERENCE_DIR(ref);
-  std::unique_ptr<Model> gpu;
-  try {
-    gpu = Model::load(ref / "models/qwen2", LoadOptions{"cuda", "float32", 0});
-  } catch (const Error& e) {
-    GTEST_SKIP() << "no CUDA device: " << e.what();
-  }
-  gpu = Model::load(ref / "models/llama_hd64", LoadOptions{"cuda", "float32", 0});
+  KVARN_CUDA_MODEL_OR_SKIP(gpu, ref / "models/llama_hd64");
   auto cpu = Model::load(ref / "models/llama_hd64");
   std::vector<std::int32_t> tokens(200);
   for (std::size_t i = 0; i < tokens.size(); ++i)

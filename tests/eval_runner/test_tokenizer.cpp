@@ -16,6 +16,8 @@ void check_cases(const fs::path& dir, const std::string& name,
                  const fs::path& tokenizer_json = {}) {
   auto tok = Tokenizer::load(tokenizer_json.empty() ? dir / "tokenizer.json" : tokenizer_json);
   const auto cases = nlohmann::json::parse(test::read_text(dir / "cases.json"));
+  // An empty or missing case list would make every count below trivially equal.
+  ASSERT_TRUE(cases.is_array() && !cases.empty()) << name << ": no cases in " << dir / "cases.json";
   int encode_ok = 0, special_ok = 0, decode_ok = 0, shown = 0;
   for (const auto& c : cases) {
     const auto text = c["text"].get<std::string>();

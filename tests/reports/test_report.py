@@ -1,14 +1,14 @@
-#!/usr/bin/env python3
-"""Smoke test of the report generator (no pytest needed; exit code != 0 on failure).
+"""Tests of the report generator (the reports/kvarn_report package; run by pytest).
 
 Builds synthetic run directories that follow the run-directory contract (docs/results.md,
-docs/reports.md) in a temporary folder, runs reports/kvarn_report.py on them and checks the outputs:
+docs/reports.md) in a temporary folder, runs `python3 -m kvarn_report` on them and checks the
+outputs:
 
   full      every piece present: summary.jsonl+csv, cases, arrays, throughput.json
   minimal   summary.csv only (no provenance, resolved, arrays, throughput)
+  two models  an accumulation sweep over two models (one table and panel per model)
   broken    no summary at all -> non-zero exit
-
-Usage: python3 tests/reports/test_report.py [--keep DIR]   (--keep writes the runs to DIR)
+  package   pip installs reports/ with its `kvarn-report` entry point
 """
 
 import csv
@@ -20,20 +20,13 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 
+import h5py
 import numpy as np
+import pytest
+from kvarn_report import figures, load, style
 
-try:
-    import h5py  # noqa: F401
-
-    HAVE_H5PY = True
-except ImportError:  # arrays are optional in the contract; the array figures are then not expected
-    HAVE_H5PY = False
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-SCRIPT = os.path.join(ROOT, "reports", "kvarn_report.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 L, H, D, T = 6, 4, 128, 512
 
@@ -57,15 +50,6 @@ SPEEDUP = {"fp16": 1.0, "fp8_e4m3": 1.8, "kivi_2bit": 2.1, "turboquant_3bit_nc":
            "kvarn_k4v2_g128": 3.9, "kvarn_k4v4_g128": 3.1}
 TILES = ["tileA", "tileB"]
 
-FAILS = []
-
-
-def check(cond, msg):
-    if not cond:
-        FAILS.append(msg)
-        print("FAIL:", msg)
-
-
 def layer_head_factor(rng):
     # layer 0 and one head are worse, as real captures often are
     f = np.exp(rng.normal(0, 0.25, size=(L, H)))
@@ -75,7 +59,6 @@ def layer_head_factor(rng):
 
 
 def make_run(run_dir, with_arrays=True, with_throughput=True):
-    with_arrays = with_arrays and HAVE_H5PY
     os.makedirs(os.path.join(run_dir, "cases"), exist_ok=True)
     rng = np.random.default_rng(1234)
     resolved = {
@@ -186,8 +169,11 @@ def make_run(run_dir, with_arrays=True, with_throughput=True):
 
 
 def run_report(run_dir, out=None):
-    cmd = [sys.executable, SCRIPT, run_dir] + (["--out", out] if out else [])
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+    cmd = [sys.executable, "-m", "kvarn_report", run_dir] + (["--out", out] if out else [])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (os.path.join(ROOT, "reports"), os.environ.get("PYTHONPATH")) if p))
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+                       env=env)
     return p.returncode, p.stdout
 
 
@@ -202,12 +188,15 @@ def digest_tree(d):
 
 
 FIGS = ["stage_errors", "kl_pareto", "context_error", "decode_kl", "kl_heatmaps", "capacity_throughput"]
-if not HAVE_H5PY:
-    print("note: h5py is not installed; the array figures are not checked")
-    FIGS = [f for f in FIGS if f not in ("context_error", "decode_kl")]
 
 
-def check_links(report_dir, html, md):
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory):
+    """One folder for the module: the two-model figures are compared with the full run's."""
+    return str(tmp_path_factory.mktemp("reports"))
+
+
+def check_links(check, report_dir, html, md):
     srcs = re.findall(r'(?:src|href)="([^"#:]+)"', html)
     check(srcs, "report.html references no files")
     for s in srcs:
@@ -217,7 +206,7 @@ def check_links(report_dir, html, md):
         check(os.path.isfile(os.path.join(report_dir, s)), f"report.md references missing {s}")
 
 
-def report_of(run_dir, what):
+def report_of(check, run_dir, what):
     """Builds the report into RUN_DIR/report (a failed build is a failed check); its folder."""
     rc, out = run_report(run_dir)
     print(out)
@@ -225,10 +214,19 @@ def report_of(run_dir, what):
     return os.path.join(run_dir, "report")
 
 
-def test_full(tmp):
+def full_report(check, tmp):
+    """The full run's report folder, built once per module."""
     run_dir = os.path.join(tmp, "full")
-    make_run(run_dir)
-    rep = report_of(run_dir, "full run")
+    if not os.path.isfile(os.path.join(run_dir, "report", "report.html")):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        make_run(run_dir)
+        report_of(check, run_dir, "full run")
+    return os.path.join(run_dir, "report")
+
+
+def test_full(check, tmp):
+    run_dir = os.path.join(tmp, "full")
+    rep = full_report(check, tmp)
     for name in ["report.html", "report.md", "tables/main.tex", "tables/main.md", "tables/main.html"]:
         check(os.path.isfile(os.path.join(rep, name)), f"full run: {name} missing")
     for fig in FIGS:
@@ -241,13 +239,13 @@ def test_full(tmp):
                     head = f.read(8)
                 check(head.startswith(b"\x89PNG") if ext == "png" else head.startswith(b"%PDF"),
                       f"{fig}.{ext} has the wrong format")
-    if FAILS:
+    if check.failed:
         return
     html = open(os.path.join(rep, "report.html"), encoding="utf-8").read()
     md = open(os.path.join(rep, "report.md"), encoding="utf-8").read()
     tex = open(os.path.join(rep, "tables/main.tex"), encoding="utf-8").read()
     tmd = open(os.path.join(rep, "tables/main.md"), encoding="utf-8").read()
-    check_links(rep, html, md)
+    check_links(check, rep, html, md)
     # provenance and config
     for s in ("0123456789abcdef0123456789abcdef01234567", "Synthetic CPU", "NVIDIA H200", "2025-01-01", "synthetic"):
         check(s in html, f"report.html lacks provenance/config text {s!r}")
@@ -301,7 +299,7 @@ def test_full(tmp):
     check(not diff, f"outputs are not reproducible: {diff}")
 
 
-def test_minimal(tmp):
+def test_minimal(check, tmp):
     run_dir = os.path.join(tmp, "minimal")
     make_run(run_dir, with_arrays=False, with_throughput=False)
     for name in ("summary.jsonl", "provenance.json", "resolved.json"):
@@ -313,7 +311,7 @@ def test_minimal(tmp):
     check(rc == 0, f"minimal run: exit code {rc}")
     html = open(os.path.join(out_dir, "report.html"), encoding="utf-8").read()
     md = open(os.path.join(out_dir, "report.md"), encoding="utf-8").read()
-    check_links(out_dir, html, md)
+    check_links(check, out_dir, html, md)
     # summary-only figures are drawn (heatmaps from per-layer/head rows), array figures are skipped with a note
     for fig in ("stage_errors", "kl_pareto", "kl_heatmaps"):
         check(os.path.isfile(os.path.join(out_dir, "figures", fig + ".png")), f"minimal run: {fig} not drawn")
@@ -357,16 +355,15 @@ def make_two_model_run(run_dir):
         with open(os.path.join(run_dir, "cases", case_id + ".json"), "w") as f:
             json.dump({"case_id": case_id, "accumulation": {
                 "models": [{"model": n, "head_dim": d[0]} for n, d in ACC_MODELS.items()]}}, f)
-        if HAVE_H5PY:
-            os.makedirs(os.path.join(run_dir, "arrays"), exist_ok=True)
-            with h5py.File(os.path.join(run_dir, "arrays", case_id + ".h5"), "w") as f:
-                for j, (name, (head_dim, ctx, mae)) in enumerate(ACC_MODELS.items()):
-                    for pre in ([""] if j == 0 else []) + [f"accumulation_models/{name}/"]:
-                        f[pre + "accumulation/context_len"] = ctx.astype(float)
-                        f[pre + "accumulation/mae_static"] = 0.9 * mae * scale * np.sqrt(ctx / ctx[-1])
-                        f[pre + "accumulation/mae_accumulated"] = mae * scale * np.sqrt(ctx / ctx[-1])
-                        f[pre + "decode/step"] = np.arange(32.0)
-                        f[pre + "decode/kl"] = 0.03 * scale * (1 + np.arange(32.0) / 32)
+        os.makedirs(os.path.join(run_dir, "arrays"), exist_ok=True)
+        with h5py.File(os.path.join(run_dir, "arrays", case_id + ".h5"), "w") as f:
+            for j, (name, (head_dim, ctx, mae)) in enumerate(ACC_MODELS.items()):
+                for pre in ([""] if j == 0 else []) + [f"accumulation_models/{name}/"]:
+                    f[pre + "accumulation/context_len"] = ctx.astype(float)
+                    f[pre + "accumulation/mae_static"] = 0.9 * mae * scale * np.sqrt(ctx / ctx[-1])
+                    f[pre + "accumulation/mae_accumulated"] = mae * scale * np.sqrt(ctx / ctx[-1])
+                    f[pre + "decode/step"] = np.arange(32.0)
+                    f[pre + "decode/kl"] = 0.03 * scale * (1 + np.arange(32.0) / 32)
     with open(os.path.join(run_dir, "summary.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
 
@@ -376,10 +373,10 @@ def png_height(path):
         return int.from_bytes(f.read(24)[20:24], "big")  # IHDR: width, then height
 
 
-def test_two_models(tmp):
+def test_two_models(check, tmp):
     run_dir = os.path.join(tmp, "two_models")
     make_two_model_run(run_dir)
-    rep = report_of(run_dir, "two-model run")
+    rep = report_of(check, run_dir, "two-model run")
     md = open(os.path.join(rep, "report.md"), encoding="utf-8").read()
     html = open(os.path.join(rep, "report.html"), encoding="utf-8").read()
     acc_md = open(os.path.join(rep, "tables", "accumulation.md"), encoding="utf-8").read()
@@ -397,12 +394,7 @@ def test_two_models(tmp):
         check(f"### {t}" in acc_md, f"tables/accumulation.md lacks {t}")
         all_md = open(os.path.join(rep, "tables", "all_metrics.md"), encoding="utf-8").read()
         check(f"`accumulation.mae_accumulated.final [{name}]`" in all_md, f"all_metrics.md: no row for {name}")
-    if not HAVE_H5PY:
-        return
     # Both figures have one panel per model, named with its head_dim, in config order.
-    sys.path.insert(0, os.path.join(ROOT, "reports"))
-    from kvarn_report import figures, load, style
-
     run = load.load_run(run_dir)
     styles = style.method_styles(run.methods)
     for builder, fig_id in ((figures.fig_context, "context_error"), (figures.fig_decode, "decode_kl")):
@@ -412,13 +404,12 @@ def test_two_models(tmp):
         cap = [l for l in md.splitlines() if l.startswith(opening)]
         check(cap and all(t in cap[0] for t in titles), f"report.md: the {fig_id} caption does not name both models")
         # two stacked panels: taller than the one-panel figure of the single-model (root arrays) run
-        one = os.path.join(tmp, "full", "report", "figures", fig_id + ".png")
+        one = os.path.join(full_report(check, tmp), "figures", fig_id + ".png")
         two = os.path.join(rep, "figures", fig_id + ".png")
-        if os.path.isfile(one):
-            check(png_height(two) > 1.4 * png_height(one), f"{fig_id}: the two-model figure is not two panels high")
+        check(png_height(two) > 1.4 * png_height(one), f"{fig_id}: the two-model figure is not two panels high")
 
 
-def test_broken(tmp):
+def test_broken(check, tmp):
     run_dir = os.path.join(tmp, "broken")
     os.makedirs(run_dir)
     rc, out = run_report(run_dir)
@@ -428,28 +419,30 @@ def test_broken(tmp):
     check(rc != 0, "a missing directory must fail")
 
 
-def main():
-    keep = None
-    if len(sys.argv) > 2 and sys.argv[1] == "--keep":
-        keep = os.path.abspath(sys.argv[2])
-        shutil.rmtree(keep, ignore_errors=True)
-        os.makedirs(keep)
-    tmp = keep or tempfile.mkdtemp(prefix="kvarn_report_test_")
-    try:
-        for t in (test_full, test_minimal, test_two_models, test_broken):
-            try:
-                t(tmp)
-            except Exception as e:  # an exception is a failed check, and the others still run
-                check(False, f"{t.__name__} raised {type(e).__name__}: {e}")
-    finally:
-        if not keep:
-            shutil.rmtree(tmp, ignore_errors=True)
-    if FAILS:
-        print(f"{len(FAILS)} check(s) failed")
-        return 1
-    print("reports_smoke: all checks passed")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def test_package_installs_with_its_entry_point(check, tmp):
+    """reports/ is a pip package whose `kvarn-report` command runs the generator."""
+    target = os.path.join(tmp, "site")
+    # From a copy: a build writes build/ and *.egg-info next to pyproject.toml.
+    src = os.path.join(tmp, "reports_src")
+    shutil.copytree(os.path.join(ROOT, "reports"), src,
+                    ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
+    # Into a folder of its own: nothing outside the test's folder changes (PIP_BREAK_SYSTEM_PACKAGES:
+    # a --target install does not touch the system Python's packages).
+    p = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                        "--no-build-isolation", "--target", target, src],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+                       env=dict(os.environ, PIP_BREAK_SYSTEM_PACKAGES="1"))
+    assert p.returncode == 0, p.stdout
+    exe = os.path.join(target, "bin", "kvarn-report")
+    assert os.path.isfile(exe), os.listdir(target)
+    env = dict(os.environ, PYTHONPATH=target)
+    run_dir = os.path.join(tmp, "installed")
+    make_run(run_dir, with_arrays=False, with_throughput=False)
+    p = subprocess.run([sys.executable, exe, run_dir, "--out", os.path.join(tmp, "installed_report")],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, env=env,
+                       cwd=tmp)
+    check(p.returncode == 0, f"kvarn-report exit code {p.returncode}: {p.stdout}")
+    check(os.path.isfile(os.path.join(tmp, "installed_report", "report.html")), "no report.html")
+    where = subprocess.run([sys.executable, "-c", "import kvarn_report; print(kvarn_report.__file__)"],
+                           stdout=subprocess.PIPE, universal_newlines=True, env=env, cwd=tmp).stdout
+    check(where.startswith(target), f"the installed package is not the one run: {where}")

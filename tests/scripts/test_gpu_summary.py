@@ -1,15 +1,11 @@
-#!/usr/bin/env python3
-"""Unit test of scripts/gpu_summary.py (no pytest needed; exit code != 0 on failure).
+"""Tests of scripts/gpu_summary.py (run by pytest).
 
 Synthetic decode times on known lines time_us = a + b * context check the ITL fit (slope,
 intercept, r2), the break-even context versus FP16 (from the lines and from the measured points,
 every reason code), the capacity table (core accounting from concatenated `kvarn-eval methods`
 arrays next to the kernel's bytes) and the written files (summary.json, throughput.json as the
-report reads it, atomic writes, clear errors on bad input) and the report's ITL table. With
---real, also runs on a measured bench/results gbench JSON and checks the fits' invariants against
-the raw times.
-
-Usage: python3 tests/scripts/test_gpu_summary.py [--real GBENCH.json [SDPA.json]]
+report reads it, atomic writes, clear errors on bad input) and the report's ITL table; on a
+measured bench/results gbench JSON, the fits' invariants against the raw times.
 """
 import json
 import os
@@ -17,27 +13,22 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+import gpu_summary as gs
+from kvarn_report import tables
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "gpu_summary.py")
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import gpu_summary as gs  # noqa: E402
-
-FAILS = []
 CONTEXTS = [1024, 2048, 4096, 16384, 32768, 65536, 131072]
-
-
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print(f"FAIL: {what}")
+# A measured H200 run (committed): the decode benchmark and the libtorch SDPA anchor.
+REAL_GBENCH = os.path.join(ROOT, "bench", "results", "h200_2026-11-29_tq_gbench.json")
+REAL_SDPA = os.path.join(ROOT, "bench", "results", "h200_2026-11-29_tc_sdpa.json")
 
 
 def close(x, y, rel=1e-9, abs_=1e-9):
     return x is not None and y is not None and abs(x - y) <= max(abs_, rel * abs(y))
 
 
-def test_linear_fit():
+def test_linear_fit(check):
     a, b, r2 = gs.linear_fit(CONTEXTS, [7.5 + 0.0031 * c for c in CONTEXTS])
     check(close(a, 7.5) and close(b, 0.0031) and close(r2, 1.0), f"exact line: {a} {b} {r2}")
     noisy = [7.5 + 0.0031 * c + (1.0 if i % 2 else -1.0) for i, c in enumerate(CONTEXTS)]
@@ -52,7 +43,7 @@ def test_linear_fit():
             pass
 
 
-def test_break_even_fit():
+def test_break_even_fit(check):
     ref = (10.0, 1.0)
     c, why, cross = gs.break_even_fit(ref, (30.0, 0.5))  # slower start, smaller slope
     check(close(c, 40.0) and why == "" and close(cross, 40.0), f"crossing at 40: {c} {why}")
@@ -64,7 +55,7 @@ def test_break_even_fit():
     check(c is None and why == "only_below" and close(cross, 12.0), f"only below 12: {why} {cross}")
 
 
-def test_break_even_measured():
+def test_break_even_measured(check):
     ref = {1: 10.0, 2: 20.0, 4: 40.0, 8: 80.0}
     c, why, faster = gs.break_even_measured(ref, {1: 15.0, 2: 20.0, 4: 30.0, 8: 60.0})
     check(c == 2 and why == "" and faster == [2, 4, 8], f"first from 2 on: {c} {why} {faster}")
@@ -87,7 +78,7 @@ def synthetic_points():
             for m, (a, b) in lines.items() for c in CONTEXTS]
 
 
-def test_itl_fits():
+def test_itl_fits(check):
     fits = {f["method"]: f for f in gs.itl_fits(synthetic_points())}
     k = fits["kvarn_k4v2_g128"]
     check(close(k["itl_slope_us_per_1k_tokens"], 1.0) and close(k["intercept_us"], 25.0),
@@ -115,14 +106,8 @@ def test_itl_fits():
     check(k1["break_even_reason_measured"] == "always", f"single context measured: {k1}")
 
 
-def test_report_table():
+def test_report_table(check):
     """reports/kvarn_report/tables.itl_markdown renders the same fits from throughput.json rows."""
-    sys.path.insert(0, os.path.join(ROOT, "reports"))
-    try:
-        from kvarn_report import tables
-    except ImportError as e:  # the report needs numpy/matplotlib; the summary itself does not
-        print(f"SKIPPED: report table check ({e})")
-        return
 
     class Run:
         throughput = synthetic_points() + [dict(method="broken", batch="x")]
@@ -188,7 +173,7 @@ def run_script(d, *extra, bench=None):
     return subprocess.run(args + list(extra), capture_output=True, text=True)
 
 
-def test_end_to_end():
+def test_end_to_end(check):
     with tempfile.TemporaryDirectory() as d:
         p = run_script(d, "--capacity", os.path.join(d, "cap.json"))
         check(p.returncode == 0, f"script exit 0: {p.returncode} {p.stderr}")
@@ -261,7 +246,7 @@ def test_end_to_end():
               all(c["source"] == "kernel" for c in s["capacity"]), "no capacity file")
 
 
-def test_bad_input():
+def test_bad_input(check):
     with tempfile.TemporaryDirectory() as d:
         missing = os.path.join(d, "nope.json")
         p = run_script(d, bench=missing)
@@ -278,8 +263,10 @@ def test_bad_input():
         check(p.returncode == 2 and "--capacity" in p.stderr, "--capacity without a file")
 
 
-def test_real(gbench, sdpa):
+def test_real(check):
     """Invariants on measured data (no hard-coded results)."""
+    gbench, sdpa = REAL_GBENCH, REAL_SDPA
+    assert os.path.isfile(gbench) and os.path.isfile(sdpa), "committed bench/results files missing"
     with tempfile.TemporaryDirectory() as d:
         meta = os.path.join(d, "meta.json")
         with open(meta, "w") as f:
@@ -329,27 +316,3 @@ def test_real(gbench, sdpa):
                 tm = f["intercept_us"] + f["itl_slope_us_per_1k_tokens"] * c / 1000
                 tr = rf["intercept_us"] + rf["itl_slope_us_per_1k_tokens"] * c / 1000
                 check(abs(tm - tr) <= 1e-6 * max(tm, tr), f"{key}: lines cross at {c}")
-
-
-def main():
-    test_linear_fit()
-    test_break_even_fit()
-    test_break_even_measured()
-    test_itl_fits()
-    test_report_table()
-    test_end_to_end()
-    test_bad_input()
-    if "--real" in sys.argv:
-        i = sys.argv.index("--real")
-        gbench = sys.argv[i + 1]
-        sdpa = sys.argv[i + 2] if len(sys.argv) > i + 2 else os.devnull  # no SDPA columns
-        test_real(gbench, sdpa)
-    if FAILS:
-        print(f"{len(FAILS)} check(s) failed")
-        return 1
-    print("gpu_summary: all checks passed")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

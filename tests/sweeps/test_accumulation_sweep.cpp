@@ -60,9 +60,8 @@ class AccumulationSweep : public TempDirTest {
 #if KVARN_HAVE_RUNNER
 
 TEST_F(AccumulationSweep, RunsAndWritesArraysAndRows) {
-  if (!fs::exists(fixture_model() / "model.safetensors")) {
-    GTEST_SKIP() << "fixture model absent: " << fixture_model();
-  }
+  ASSERT_TRUE(fs::exists(fixture_model() / "model.safetensors"))
+      << "committed, missing: " << fixture_model();
   const SweepConfig cfg =
       load_config(small_config("  - fp16\n  - kivi:bits=2,group=8,residual=8\n", block()));
   ASSERT_TRUE(cfg.accumulation.enabled);
@@ -116,7 +115,8 @@ TEST_F(AccumulationSweep, RunsAndWritesArraysAndRows) {
 // Token-id prompts (for builds without a tokenizer, e.g. the GPU image) give exactly the text
 // prompt's results when the ids are its tokenization; bad ids fail naming the prompt.
 TEST_F(AccumulationSweep, TokenIdPromptsMatchTheirText) {
-  if (!fs::exists(fixture_model() / "model.safetensors")) GTEST_SKIP() << "fixture model absent";
+  ASSERT_TRUE(fs::exists(fixture_model() / "model.safetensors"))
+      << "committed, missing: " << fixture_model();
   if (!Tokenizer::available()) GTEST_SKIP() << "this build has no tokenizer (PCRE2)";
   const std::string text = "The ferry left the harbour a little after six, while the street lamps";
   json ids = Tokenizer::load(fixture_model() / "tokenizer.json")->encode(text, false);
@@ -161,7 +161,8 @@ TEST_F(AccumulationSweep, TokenIdPromptsMatchTheirText) {
 }
 
 TEST_F(AccumulationSweep, BadBlocksFailWithLocation) {
-  if (!fs::exists(fixture_model() / "config.json")) GTEST_SKIP() << "fixture model absent";
+  ASSERT_TRUE(fs::exists(fixture_model() / "config.json"))
+      << "committed, missing: " << fixture_model();
   // small_config has 12 lines before `extra`: `modes` is line 21.
   EXPECT_NE(error_of(block("  modes: [pseudo_decode, teacher_forcing]\n"))
                 .find(":21:26: key 'accumulation.modes.1': unknown mode 'teacher_forcing' "

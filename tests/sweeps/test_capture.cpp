@@ -56,9 +56,8 @@ class CaptureTest : public ::testing::Test {
     if (r.err.find("built without libtorch") != std::string::npos) {
       GTEST_SKIP() << "kvarn-eval was built without libtorch: " << r.err;
     }
-    if (!fs::exists(fixture_dir() / "model.safetensors")) {
-      GTEST_SKIP() << "fixture model missing: " << fixture_dir();
-    }
+    ASSERT_TRUE(fs::exists(fixture_dir() / "model.safetensors"))
+        << "committed fixture model missing: " << fixture_dir();
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -407,14 +406,21 @@ TEST_F(CaptureTest, BadInputIsOneClearErrorAndLeavesNothing) {
 TEST_F(CaptureTest, InterruptedCaptureLeavesNoFile) {
   const fs::path prompts = write("prompts.jsonl", kTwoPrompts);
   const fs::path out = dir_ / "out.h5";
+  const fs::path err = dir_ / "err.txt";
   const std::string cmd = "'" + std::string(KVARN_EVAL_BIN) + "' capture --model " +
                           fixture_dir().string() + " --prompts " + prompts.string() + " --out " +
                           out.string() + " --generate 900 --ignore-eos --threads 1 >/dev/null " +
-                          "2>'" + (dir_ / "err.txt").string() + "' & pid=$!; sleep 4; " +
+                          "2>'" + err.string() + "' & pid=$!; " +
+                          // The signal goes once the capture logs that it is loading the model
+                          // (its handlers are installed by then); 900 generated tokens are far
+                          // longer than the poll interval.
+                          "for i in $(seq 1200); do grep -q '^\\[capture\\] loading' '" +
+                          err.string() + "' && break; sleep 0.05; done; " +
                           "kill -TERM $pid; wait $pid";
   const int status = std::system(cmd.c_str());
   const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  if (rc == 0) GTEST_SKIP() << "the capture finished before the signal";
+  ASSERT_NE(rc, 0) << "the capture finished before the signal (it must still be generating): "
+                   << test::read_text(err);
   EXPECT_EQ(rc, 2) << test::read_text(dir_ / "err.txt");
   EXPECT_NE(test::read_text(dir_ / "err.txt").find("interrupted"), std::string::npos)
       << test::read_text(dir_ / "err.txt");

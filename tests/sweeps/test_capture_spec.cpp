@@ -122,7 +122,7 @@ TEST_F(CaptureSpecTest, KeyAndTypeErrorsNameFileLineColumnAndKey) {
 #if KVARN_HAVE_RUNNER
 
 TEST_F(CaptureSpecTest, SpecIsCheckedAgainstCheckpointAndPromptsBeforeAnythingRuns) {
-  if (!has_model()) GTEST_SKIP() << "fixture model absent: " << fixture_model();
+  ASSERT_TRUE(has_model()) << "committed fixture model missing: " << fixture_model();
   const std::string file = (dir_ / "bad.yaml").string();
   const std::string block = capture_block();
   auto with = [&](const std::string& from, const std::string& to) {
@@ -157,7 +157,7 @@ TEST_F(CaptureSpecTest, SpecIsCheckedAgainstCheckpointAndPromptsBeforeAnythingRu
 }
 
 TEST_F(CaptureSpecTest, SweepCapturesRunsEveryCaseRecordsProvenanceAndResumes) {
-  if (!has_model()) GTEST_SKIP() << "fixture model absent: " << fixture_model();
+  ASSERT_TRUE(has_model()) << "committed fixture model missing: " << fixture_model();
   const SweepConfig cfg = load_config(config(capture_block()));
   ASSERT_TRUE(cfg.data.capture.has_value());
   EXPECT_EQ(cfg.data.source, "capture");
@@ -257,7 +257,7 @@ TEST_F(CaptureSpecTest, SweepCapturesRunsEveryCaseRecordsProvenanceAndResumes) {
 }
 
 TEST_F(CaptureSpecTest, BrokenCaptureFileWithNoFinishedCaseIsRedone) {
-  if (!has_model()) GTEST_SKIP() << "fixture model absent: " << fixture_model();
+  ASSERT_TRUE(has_model()) << "committed fixture model missing: " << fixture_model();
   const SweepConfig cfg = load_config(config(capture_block()));
   const fs::path file = run_directory(cfg, 0, 1, false) / kCaptureFile;
   write_file(file, "not an HDF5 file");
@@ -271,7 +271,7 @@ TEST_F(CaptureSpecTest, BrokenCaptureFileWithNoFinishedCaseIsRedone) {
 }
 
 TEST_F(CaptureSpecTest, ValidateReportsTheCaptureStep) {
-  if (!has_model()) GTEST_SKIP() << "fixture model absent: " << fixture_model();
+  ASSERT_TRUE(has_model()) << "committed fixture model missing: " << fixture_model();
 #ifdef KVARN_EVAL_BIN
   const fs::path out = dir_ / "validate.txt";
   const std::string cmd = std::string("'") + KVARN_EVAL_BIN + "' validate '" +
@@ -288,7 +288,7 @@ TEST_F(CaptureSpecTest, ValidateReportsTheCaptureStep) {
 }
 
 TEST_F(CaptureSpecTest, LocalFallbackCaptureRunsWithNoticeForHubModel) {
-  if (!has_model()) GTEST_SKIP() << "fixture model absent: " << fixture_model();
+  ASSERT_TRUE(has_model()) << "committed fixture model missing: " << fixture_model();
   const SweepConfig cfg = load_config(
       config("  capture: {model: Qwen/Qwen3-8B, prompts: p.jsonl, generate: 16384}\n"
              "  fallback:\n" +

@@ -1,4 +1,4 @@
-// Error accumulation with the quantizer inside the model loop (issue 4; docs/metrics.md,
+// Error accumulation with the quantizer inside the model loop (docs/metrics.md,
 // "Error accumulation"). Three protocols, each against an fp16 reference run of the same model:
 //
 //  * pseudo-decode (the KVarN paper's protocol): the context is prefilled in blocks of b tokens;

@@ -22,7 +22,7 @@ struct SweepOptions {
   int shard_index = 0, shard_count = 1;
   bool fresh = false;             // new run directory (suffix -2, -3, ...) instead of resuming
   std::vector<std::string> only;  // case ids or indices; empty: every case of the shard
-  bool report = true;             // run reports/kvarn_report.py at the end (and config.report)
+  bool report = true;             // run reports/kvarn_report at the end (and config.report)
   bool strict_report = false;     // a missing or failing report is an error
   std::string command;            // the invoking command line (provenance)
   std::FILE* log = stderr;        // progress and notices

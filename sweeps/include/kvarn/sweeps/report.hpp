@@ -1,4 +1,4 @@
-// Runs the Python report generator (reports/kvarn_report.py) on a run directory.
+// Runs the Python report generator (the reports/kvarn_report package) on a run directory.
 #ifndef KVARN_SWEEPS_REPORT_HPP_
 #define KVARN_SWEEPS_REPORT_HPP_
 
@@ -7,12 +7,12 @@
 
 namespace kvarn {
 
-// The script: $KVARN_REPORT_SCRIPT, else reports/kvarn_report.py under the working directory or
-// the source tree the binary was built from; empty when none exists.
+// The folder holding the package: $KVARN_REPORT_DIR, else reports/ under the working directory or
+// the source tree the binary was built from; empty when none holds reports/kvarn_report.
 std::filesystem::path find_report_script();
 
-// `python3 SCRIPT RUN_DIR [--out OUT]`; returns its exit code (128 if it did not exit normally).
-// Throws kvarn::Error when the script cannot be found.
+// `python3 -m kvarn_report RUN_DIR [--out OUT]` with that folder first on PYTHONPATH; returns its
+// exit code (128 if it did not exit normally). Throws kvarn::Error when the package is not found.
 int run_report(const std::filesystem::path& run_dir, const std::string& out_dir = "");
 
 }  // namespace kvarn
