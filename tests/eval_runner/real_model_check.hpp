@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "kvarn/data/error.hpp"
-#include "kvarn/eval/runner.hpp"
-#include "kvarn/eval/safetensors.hpp"
+#include "kvarn/runner/runner.hpp"
+#include "kvarn/runner/safetensors.hpp"
 #include "runner_test_util.hpp"
 
 namespace kvarn::test {

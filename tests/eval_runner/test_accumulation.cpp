@@ -11,8 +11,8 @@
 #include <utility>
 
 #include "kvarn/data/error.hpp"
-#include "kvarn/eval/accumulation.hpp"
-#include "kvarn/eval/model.hpp"
+#include "kvarn/runner/accumulation.hpp"
+#include "kvarn/runner/model.hpp"
 #include "runner_test_util.hpp"
 
 namespace kvarn {

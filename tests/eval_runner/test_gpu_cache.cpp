@@ -23,8 +23,8 @@
 
 #include "kvarn/data/error.hpp"
 #include "kvarn/data/tile_file.hpp"
-#include "kvarn/eval/kv_cache.hpp"
-#include "kvarn/eval/model.hpp"
+#include "kvarn/runner/kv_cache.hpp"
+#include "kvarn/runner/model.hpp"
 
 namespace kvarn {
 namespace {

@@ -7,9 +7,9 @@
 #include <fstream>
 
 #include "kvarn/data/error.hpp"
-#include "kvarn/eval/model.hpp"
-#include "kvarn/eval/runner.hpp"
-#include "kvarn/eval/safetensors.hpp"
+#include "kvarn/runner/model.hpp"
+#include "kvarn/runner/runner.hpp"
+#include "kvarn/runner/safetensors.hpp"
 #include "runner_test_util.hpp"
 
 namespace kvarn {

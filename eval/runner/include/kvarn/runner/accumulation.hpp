@@ -18,8 +18,8 @@
 // The fp16 reference is the runner with an `exact_fp16` cache (bit-identical to the `fp16`
 // method), run with the same block partition, so the fp16 method gives exactly zero error.
 // This header is torch-free (kvarn_runner).
-#ifndef KVARN_EVAL_ACCUMULATION_HPP_
-#define KVARN_EVAL_ACCUMULATION_HPP_
+#ifndef KVARN_RUNNER_ACCUMULATION_HPP_
+#define KVARN_RUNNER_ACCUMULATION_HPP_
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "kvarn/core/method.hpp"
-#include "kvarn/eval/model.hpp"
+#include "kvarn/runner/model.hpp"
 
 namespace kvarn {
 
@@ -114,4 +114,4 @@ double finite_mean(const std::vector<double>& v);
 
 }  // namespace kvarn
 
-#endif  // KVARN_EVAL_ACCUMULATION_HPP_
+#endif  // KVARN_RUNNER_ACCUMULATION_HPP_

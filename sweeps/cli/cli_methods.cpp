@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "commands.hpp"
 #include "kvarn/core/registry.hpp"
 #include "kvarn/data/error.hpp"
-#include "kvarn/sweeps/commands.hpp"
 
 namespace kvarn {
 
