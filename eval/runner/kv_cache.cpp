@@ -1,4 +1,4 @@
-#include "kvarn/eval/kv_cache.hpp"
+#include "kvarn/runner/kv_cache.hpp"
 
 #include <algorithm>
 

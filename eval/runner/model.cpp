@@ -1,6 +1,6 @@
 // The forward pass in libtorch (ATen only: no autograd, no torch::nn). The only translation unit
 // of the runner that includes torch headers.
-#include "kvarn/eval/model.hpp"
+#include "kvarn/runner/model.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -17,7 +17,7 @@
 #include <set>
 
 #include "kvarn/data/error.hpp"
-#include "kvarn/eval/safetensors.hpp"
+#include "kvarn/runner/safetensors.hpp"
 #if KVARN_RUNNER_GPU_CACHE
 #include "kvarn/cuda/paged_cache.hpp"
 #endif
@@ -228,14 +228,15 @@ struct Model::Impl {
 #endif
   }
 
-  ForwardResult forward(ModelKvCache& cache, std::span<const std::int32_t> tokens,
-                        const ForwardOptions& opt) const {
+  // The cache matches the model and holds the same count in every layer; the tokens fit the
+  // context and the vocabulary.
+  void check_forward_inputs(const ModelKvCache& cache, std::span<const std::int32_t> tokens) const {
+    const int n = static_cast<int>(tokens.size());
     const auto& g = cache.geometry();
     KVARN_CHECK(g.num_layers == cfg.num_layers && g.num_kv_heads == cfg.num_kv_heads &&
                     g.head_dim == cfg.head_dim,
                 "forward: the KV cache geometry (", g.num_layers, " layers, ", g.num_kv_heads,
                 " KV heads, head_dim ", g.head_dim, ") does not match the model ", dir.string());
-    const int n = static_cast<int>(tokens.size());
     const int p0 = cache.size();
     for (int l = 1; l < cfg.num_layers; ++l) {
       KVARN_CHECK(cache.size(l) == p0,
@@ -250,6 +251,75 @@ struct Model::Impl {
       KVARN_CHECK(tokens[i] >= 0 && tokens[i] < cfg.vocab_size, "forward: token id ", tokens[i],
                   " at index ", i, " is outside the vocabulary (", cfg.vocab_size, ")");
     }
+  }
+
+  // Attention of one layer over the host cache (exact fp32 rows or a method's reconstruction);
+  // returns the output [n, hq * d]. q is [hq, n, d], k and v [hk, n, d], post-RoPE.
+  at::Tensor host_attention(ModelKvCache& cache, Mirror& m, int l, const at::Tensor& q,
+                            const at::Tensor& k, const at::Tensor& v, int p0, int n,
+                            const ForwardOptions& opt) const {
+    const LayerWeights& w = layers[l];
+    const int64_t hq = cfg.num_heads, hk = cfg.num_kv_heads, d = cfg.head_dim;
+    const int64_t rep = hq / hk;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    // The cache stores fp32 rows on the host; quantize-on-write happens in append().
+    auto k_host = k.to(at::kCPU, at::kFloat).contiguous();
+    auto v_host = v.to(at::kCPU, at::kFloat).contiguous();
+    at::Tensor keys, values;
+    if (opt.chunk_attention == ChunkAttention::kCache) {
+      cache.append(l, k_host.data_ptr<float>(), v_host.data_ptr<float>(), n);
+      sync(cache, m, l);
+      keys = m.k[l].narrow(1, 0, p0 + n);
+      values = m.v[l].narrow(1, 0, p0 + n);
+    } else {
+      if (p0 > 0) {
+        sync(cache, m, l);
+        keys = at::cat({m.k[l].narrow(1, 0, p0), k}, 1);
+        values = at::cat({m.v[l].narrow(1, 0, p0), v}, 1);
+      } else {
+        keys = k;
+        values = v;
+      }
+      cache.append(l, k_host.data_ptr<float>(), v_host.data_ptr<float>(), n);
+    }
+    const int64_t t = p0 + n;
+    // GQA without copying K/V: query heads of one KV head become extra rows.
+    auto qg = q.reshape({hk, rep * n, d});
+    auto scores = at::matmul(qg, keys.transpose(1, 2)) * scale;  // [hk, rep*n, t]
+    scores = scores.view({hk, rep, n, t});
+    // Causal (and sliding-window) mask: query i (position p0+i) sees key j iff
+    // j <= p0+i and p0+i - j < window.
+    auto qi =
+        at::arange(p0, p0 + n, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(1);
+    auto kj = at::arange(0, t, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0);
+    auto masked = kj > qi;
+    if (w.sliding) masked = masked | (qi - kj >= cfg.sliding_window);
+    scores = scores.masked_fill(masked, -std::numeric_limits<float>::infinity());
+    auto probs = at::softmax(scores, -1, at::kFloat).to(dtype).view({hk, rep * n, t});
+    return at::matmul(probs, values).view({hq, n, d}).transpose(0, 1).reshape({n, hq * d});
+  }
+
+  // ForwardOptions::capture of one layer: per-head Q, pre- and post-RoPE K, V.
+  static void capture_layer(const ForwardOptions& opt, int l, int p0, int n, const at::Tensor& q,
+                            const at::Tensor& k_pre, const at::Tensor& k, const at::Tensor& v) {
+    if (opt.capture) {
+      LayerCapture cap;
+      cap.layer = l;
+      cap.first_position = p0;
+      cap.tokens = n;
+      cap.q = per_head(q);
+      cap.k_pre_rope = per_head(k_pre);
+      cap.k = per_head(k);
+      cap.v = per_head(v);
+      opt.capture(cap);
+    }
+  }
+
+  ForwardResult forward(ModelKvCache& cache, std::span<const std::int32_t> tokens,
+                        const ForwardOptions& opt) const {
+    check_forward_inputs(cache, tokens);
+    const int n = static_cast<int>(tokens.size());
+    const int p0 = cache.size();
     c10::InferenceMode guard;
     if (p0 == 0) place(cache);
     const bool gpu_cache = cache.on_device();
@@ -258,7 +328,6 @@ struct Model::Impl {
     std::iota(positions.begin(), positions.end(), p0);
     at::Tensor finite;  // GPU cache: all K/V rows finite (checked once, after the layers)
     const int64_t hq = cfg.num_heads, hk = cfg.num_kv_heads, d = cfg.head_dim;
-    const int64_t rep = hq / hk;
     auto ids = at::from_blob(const_cast<std::int32_t*>(tokens.data()), {n}, at::kInt)
                    .to(device, at::kLong);
     at::Tensor x = embed.index_select(0, ids);  // [n, hidden]
@@ -274,7 +343,6 @@ struct Model::Impl {
     ForwardResult res;
     res.first_position = p0;
     res.tokens = n;
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     for (int l = 0; l < cfg.num_layers; ++l) {
       const LayerWeights& w = layers[l];
       auto h = rms_norm(x, w.ln1, cfg.rms_norm_eps);
@@ -291,59 +359,13 @@ struct Model::Impl {
       auto k_pre = k;
       q = q * cos + rotate_half(q) * sin;
       k = (k * cos + rotate_half(k) * sin).contiguous();
-      if (opt.capture) {
-        LayerCapture cap;
-        cap.layer = l;
-        cap.first_position = p0;
-        cap.tokens = n;
-        cap.q = per_head(q);
-        cap.k_pre_rope = per_head(k_pre);
-        cap.k = per_head(k);
-        cap.v = per_head(v);
-        opt.capture(cap);
-      }
-
+      capture_layer(opt, l, p0, n, q, k_pre, k, v);
       at::Tensor o;  // attention output [n, hq * d]
       if (gpu_cache) {
         o = gpu_attention(*cache.device_layer(l), q, k, v, positions,
                           opt.chunk_attention == ChunkAttention::kCache, &finite);
       } else {
-        // The cache stores fp32 rows on the host; quantize-on-write happens in append().
-        auto k_host = k.to(at::kCPU, at::kFloat).contiguous();
-        auto v_host = v.to(at::kCPU, at::kFloat).contiguous();
-        at::Tensor keys, values;
-        if (opt.chunk_attention == ChunkAttention::kCache) {
-          cache.append(l, k_host.data_ptr<float>(), v_host.data_ptr<float>(), n);
-          sync(cache, m, l);
-          keys = m.k[l].narrow(1, 0, p0 + n);
-          values = m.v[l].narrow(1, 0, p0 + n);
-        } else {
-          if (p0 > 0) {
-            sync(cache, m, l);
-            keys = at::cat({m.k[l].narrow(1, 0, p0), k}, 1);
-            values = at::cat({m.v[l].narrow(1, 0, p0), v}, 1);
-          } else {
-            keys = k;
-            values = v;
-          }
-          cache.append(l, k_host.data_ptr<float>(), v_host.data_ptr<float>(), n);
-        }
-        const int64_t t = p0 + n;
-        // GQA without copying K/V: query heads of one KV head become extra rows.
-        auto qg = q.reshape({hk, rep * n, d});
-        auto scores = at::matmul(qg, keys.transpose(1, 2)) * scale;  // [hk, rep*n, t]
-        scores = scores.view({hk, rep, n, t});
-        // Causal (and sliding-window) mask: query i (position p0+i) sees key j iff
-        // j <= p0+i and p0+i - j < window.
-        auto qi = at::arange(p0, p0 + n, at::TensorOptions().dtype(at::kLong).device(device))
-                      .unsqueeze(1);
-        auto kj =
-            at::arange(0, t, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0);
-        auto masked = kj > qi;
-        if (w.sliding) masked = masked | (qi - kj >= cfg.sliding_window);
-        scores = scores.masked_fill(masked, -std::numeric_limits<float>::infinity());
-        auto probs = at::softmax(scores, -1, at::kFloat).to(dtype).view({hk, rep * n, t});
-        o = at::matmul(probs, values).view({hq, n, d}).transpose(0, 1).reshape({n, hq * d});
+        o = host_attention(cache, m, l, q, k, v, p0, n, opt);
       }
       auto attn = linear(o, w.wo, w.bo);
       if (opt.attention_outputs) res.attention_outputs.push_back(to_matrix(attn));

@@ -1,4 +1,4 @@
-#include "kvarn/eval/runner.hpp"
+#include "kvarn/runner/runner.hpp"
 
 #include <cmath>
 

@@ -1,4 +1,4 @@
-#include "kvarn/eval/safetensors.hpp"
+#include "kvarn/runner/safetensors.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,6 +1,6 @@
 // Byte-level BPE tokenizer.json, checked against the `tokenizers` package (tests/eval_runner).
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include "kvarn/eval/tokenizer.hpp"
+#include "kvarn/runner/tokenizer.hpp"
 
 #include <pcre2.h>
 

@@ -1,6 +1,6 @@
 // Built when PCRE2 is missing: the runner takes token ids only.
 #include "kvarn/data/error.hpp"
-#include "kvarn/eval/tokenizer.hpp"
+#include "kvarn/runner/tokenizer.hpp"
 
 namespace kvarn {
 

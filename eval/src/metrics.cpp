@@ -1,6 +1,7 @@
 #include "kvarn/eval/metrics.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -108,23 +109,14 @@ void percentiles_inplace(std::span<double> values, std::span<const double> ps,
   percentiles_impl(values, ps, out);
 }
 
-ReconstructionMetrics reconstruction_metrics(const float* x, const float* xh, int rows, int cols,
-                                             const MetricOptions& opts,
-                                             const std::uint8_t* row_mask) {
-  KVARN_CHECK(rows >= 0 && cols >= 0, "reconstruction_metrics: bad shape ", rows, "x", cols);
-  thread_local Scratch s;
-  ReconstructionMetrics m;
-  m.cols = cols;
-  const std::size_t nc = static_cast<std::size_t>(cols);
-  s.abs_err.resize(static_cast<std::size_t>(rows) * nc);
-  s.row_err.clear();
-  s.row_mag.clear();
-  s.row_dir.clear();
-  s.ratios.clear();
-  s.ch_err.assign(nc, 0.0);
-  s.ch_ref.assign(nc, 0.0);
-  if (opts.breakdown) m.nmse_per_token.reserve(rows);
+namespace {
 
+// The per-row pass: sums, cosines, the magnitude / direction split, |error| per element and the
+// per-row and per-channel sums the later statistics read. Returns (sum of cosines, min cosine,
+// max |error|).
+std::array<double, 3> accumulate_rows(const float* x, const float* xh, int rows, std::size_t nc,
+                                      const MetricOptions& opts, const std::uint8_t* row_mask,
+                                      Scratch& s, ReconstructionMetrics& m) {
   float* abs_out = s.abs_err.data();
   double sum_cos = 0, min_cos = 1, max_abs = 0;
   double* ch_err = s.ch_err.data();
@@ -180,6 +172,71 @@ ReconstructionMetrics reconstruction_metrics(const float* x, const float* xh, in
     }
     if (opts.breakdown) m.nmse_per_token.push_back(safe_nmse(err, ref));
   }
+  return {sum_cos, min_cos, max_abs};
+}
+
+// Share of magnitude error within the rows of largest error: select the largest group once, order
+// it, and read prefixes.
+void top_row_shares(Scratch& s, std::size_t nr, ReconstructionMetrics& m) {
+  std::size_t counts[kTopRowFractions.size()];
+  std::size_t most = 0;
+  for (std::size_t i = 0; i < kTopRowFractions.size(); ++i) {
+    counts[i] = std::max<std::size_t>(
+        1, static_cast<std::size_t>(std::ceil(kTopRowFractions[i] * static_cast<double>(nr))));
+    counts[i] = std::min(counts[i], nr);
+    most = std::max(most, counts[i]);
+  }
+  s.row_index.resize(nr);
+  std::iota(s.row_index.begin(), s.row_index.end(), 0);
+  auto larger = [&](int a, int b) {
+    return s.row_err[a] != s.row_err[b] ? s.row_err[a] > s.row_err[b] : a < b;
+  };
+  std::nth_element(s.row_index.begin(), s.row_index.begin() + (most - 1), s.row_index.end(),
+                   larger);
+  std::sort(s.row_index.begin(), s.row_index.begin() + most, larger);
+  for (std::size_t i = 0; i < kTopRowFractions.size(); ++i) {
+    double mag = 0, tot = 0;
+    for (std::size_t j = 0; j < counts[i]; ++j) {
+      const int r = s.row_index[j];
+      mag += s.row_mag[r];
+      tot += s.row_mag[r] + s.row_dir[r];
+    }
+    m.top_magnitude_share[i] = tot > 0 ? mag / tot : 0.0;
+  }
+}
+
+// Mean and 1st / 99th percentiles of the row norm ratios ||x_hat|| / ||x||.
+void norm_ratio_stats(Scratch& s, ReconstructionMetrics& m) {
+  if (s.ratios.empty()) return;
+  m.norm_ratio_mean =
+      std::accumulate(s.ratios.begin(), s.ratios.end(), 0.0) / static_cast<double>(s.ratios.size());
+  static constexpr double kLevels[] = {0.01, 0.99};
+  double out[2];
+  percentiles_inplace(std::span<double>(s.ratios), kLevels, out);
+  m.norm_ratio_p1 = out[0];
+  m.norm_ratio_p99 = out[1];
+}
+
+}  // namespace
+
+ReconstructionMetrics reconstruction_metrics(const float* x, const float* xh, int rows, int cols,
+                                             const MetricOptions& opts,
+                                             const std::uint8_t* row_mask) {
+  KVARN_CHECK(rows >= 0 && cols >= 0, "reconstruction_metrics: bad shape ", rows, "x", cols);
+  thread_local Scratch s;
+  ReconstructionMetrics m;
+  m.cols = cols;
+  const std::size_t nc = static_cast<std::size_t>(cols);
+  s.abs_err.resize(static_cast<std::size_t>(rows) * nc);
+  s.row_err.clear();
+  s.row_mag.clear();
+  s.row_dir.clear();
+  s.ratios.clear();
+  s.ch_err.assign(nc, 0.0);
+  s.ch_ref.assign(nc, 0.0);
+  if (opts.breakdown) m.nmse_per_token.reserve(rows);
+
+  const auto [sum_cos, min_cos, max_abs] = accumulate_rows(x, xh, rows, nc, opts, row_mask, s, m);
   const std::size_t nr = s.row_err.size();
   m.rows = static_cast<std::int64_t>(nr);
   const std::size_t n = nr * nc;
@@ -204,46 +261,12 @@ ReconstructionMetrics reconstruction_metrics(const float* x, const float* xh, in
   const double decomposed = m.magnitude_err + m.direction_err;
   m.magnitude_share = decomposed > 0 ? m.magnitude_err / decomposed : 0.0;
 
-  // Rows of largest error: select the largest group once, order it, and read prefixes.
-  {
-    std::size_t counts[kTopRowFractions.size()];
-    std::size_t most = 0;
-    for (std::size_t i = 0; i < kTopRowFractions.size(); ++i) {
-      counts[i] = std::max<std::size_t>(
-          1, static_cast<std::size_t>(std::ceil(kTopRowFractions[i] * static_cast<double>(nr))));
-      counts[i] = std::min(counts[i], nr);
-      most = std::max(most, counts[i]);
-    }
-    s.row_index.resize(nr);
-    std::iota(s.row_index.begin(), s.row_index.end(), 0);
-    auto larger = [&](int a, int b) {
-      return s.row_err[a] != s.row_err[b] ? s.row_err[a] > s.row_err[b] : a < b;
-    };
-    std::nth_element(s.row_index.begin(), s.row_index.begin() + (most - 1), s.row_index.end(),
-                     larger);
-    std::sort(s.row_index.begin(), s.row_index.begin() + most, larger);
-    for (std::size_t i = 0; i < kTopRowFractions.size(); ++i) {
-      double mag = 0, tot = 0;
-      for (std::size_t j = 0; j < counts[i]; ++j) {
-        const int r = s.row_index[j];
-        mag += s.row_mag[r];
-        tot += s.row_mag[r] + s.row_dir[r];
-      }
-      m.top_magnitude_share[i] = tot > 0 ? mag / tot : 0.0;
-    }
-  }
-  if (!s.ratios.empty()) {
-    m.norm_ratio_mean = std::accumulate(s.ratios.begin(), s.ratios.end(), 0.0) /
-                        static_cast<double>(s.ratios.size());
-    static constexpr double kLevels[] = {0.01, 0.99};
-    double out[2];
-    percentiles_inplace(std::span<double>(s.ratios), kLevels, out);
-    m.norm_ratio_p1 = out[0];
-    m.norm_ratio_p99 = out[1];
-  }
+  top_row_shares(s, nr, m);
+  norm_ratio_stats(s, m);
   if (opts.breakdown) {
     m.nmse_per_channel.resize(nc);
-    for (std::size_t c = 0; c < nc; ++c) m.nmse_per_channel[c] = safe_nmse(ch_err[c], ch_ref[c]);
+    for (std::size_t c = 0; c < nc; ++c)
+      m.nmse_per_channel[c] = safe_nmse(s.ch_err[c], s.ch_ref[c]);
   } else {
     m.nmse_per_token.clear();
   }

@@ -1,5 +1,5 @@
-// Error accumulation in the sweep engine: eval's protocols (kvarn/eval/accumulation.hpp) per case,
-// model and prompt; the fp16 references and the loaded models are kept for the whole process,
+// Error accumulation in the sweep engine: eval's protocols (kvarn/runner/accumulation.hpp) per
+// case, model and prompt; the fp16 references and the loaded models are kept for the whole process,
 // so a sweep computes each reference once however many cases use it.
 #include "accumulation_case.hpp"
 
@@ -14,25 +14,10 @@
 #include "kvarn/data/error.hpp"
 #include "kvarn/data/h5_io.hpp"
 #include "kvarn/eval/metrics.hpp"
-
-#if KVARN_HAVE_RUNNER
-#include "kvarn/eval/accumulation.hpp"
-#include "kvarn/eval/runner.hpp"
-#endif
+#include "kvarn/runner/accumulation.hpp"
+#include "kvarn/runner/runner.hpp"
 
 namespace kvarn {
-
-#if !KVARN_HAVE_RUNNER
-
-struct AccumulationCaseData {};
-
-AccumulationCase run_accumulation_case(const SweepConfig&, const CaseSpec&) {
-  fail("accumulation: this kvarn-eval was built without the libtorch model runner");
-}
-
-void write_accumulation_arrays(H5::Group&, const AccumulationCase&) {}
-
-#else
 
 struct AccumulationCaseData {
   struct Model {
@@ -218,6 +203,63 @@ void write_model(H5::Group& g, const AccumulationCaseData::Model& m) {
 
 }  // namespace
 
+namespace {
+
+// Summary rows of one model: means over prompts of each prompt's summary; per-layer rows for the
+// final block and the hidden drift.
+// `bits` steady state, `eff` model-level effective bits at the context length (fp16
+// sink/tail/windows and boundary layers included); `policy` the current-token policy.
+void add_summary_rows(const CaseSpec& cs, const AccumulationModel& m, double bits, double eff,
+                      const std::string& policy, const AccumulationCaseData::Model& md,
+                      json& rows) {
+  auto row = [&](const std::string& metric, json layer, double value) {
+    rows.push_back({{"case_id", cs.id},
+                    {"method", cs.name},
+                    {"spec", cs.spec},
+                    {"family", cs.family},
+                    {"data", md.name},
+                    {"bits_per_element", bits},
+                    {"effective_bits", eff},
+                    {"current_token", policy},
+                    {"metric", metric},
+                    {"scope", metric.substr(0, metric.find('.'))},
+                    {"layer", std::move(layer)},
+                    {"head", "all"},
+                    {"value", json_number(value)}});
+  };
+  std::vector<std::string> names;
+  std::map<std::string, std::vector<double> > values;
+  for (const AccumulationResult& res : md.prompts) {
+    for (const auto& [k, v] : accumulation_summary(res)) {
+      if (!values.count(k)) names.push_back(k);
+      values[k].push_back(v);
+    }
+  }
+  for (const std::string& k : names) row(k, "all", finite_mean(values[k]));
+  const AccumulationResult& f = md.prompts.front();
+  for (int l = 0; l < m.num_layers; ++l) {
+    std::vector<double> acc, sta, drift;
+    for (const AccumulationResult& res : md.prompts) {
+      if (res.has_pseudo) {
+        acc.push_back(res.pseudo.mae_accumulated.back()[l]);
+        sta.push_back(res.pseudo.mae_static.back()[l]);
+      }
+      if (res.has_teacher) {
+        std::vector<double> d;
+        for (const auto& s : res.teacher.hidden_drift) d.push_back(s[l]);
+        drift.push_back(finite_mean(d));
+      }
+    }
+    if (f.has_pseudo) {
+      row("accumulation.mae_accumulated.final", l, finite_mean(acc));
+      row("accumulation.mae_static.final", l, finite_mean(sta));
+    }
+    if (f.has_teacher) row("decode.hidden_drift.mean", l, finite_mean(drift));
+  }
+}
+
+}  // namespace
+
 AccumulationCase run_accumulation_case(const SweepConfig& cfg, const CaseSpec& cs) {
   const AccumulationSettings& a = cfg.accumulation;
   AccumulationCase out;
@@ -258,56 +300,9 @@ AccumulationCase run_accumulation_case(const SweepConfig& cfg, const CaseSpec& c
     }
     jm["prompts"] = std::move(prompts);
     models.push_back(std::move(jm));
-
-    // Summary rows: means over prompts of each prompt's summary; per-layer rows for the final
-    // block and the hidden drift.
-    const double bits = method->accounting(m.head_dim).bits_per_element();
-    // Model level at the context length: fp16 sink/tail/windows and boundary layers included.
-    const double eff = model_effective_bits(*method, m.head_dim, a.context, m.num_layers);
-    auto row = [&](const std::string& metric, json layer, double value) {
-      out.rows.push_back({{"case_id", cs.id},
-                          {"method", cs.name},
-                          {"spec", cs.spec},
-                          {"family", cs.family},
-                          {"data", md.name},
-                          {"bits_per_element", bits},
-                          {"effective_bits", eff},
-                          {"current_token", policy},
-                          {"metric", metric},
-                          {"scope", metric.substr(0, metric.find('.'))},
-                          {"layer", std::move(layer)},
-                          {"head", "all"},
-                          {"value", json_number(value)}});
-    };
-    std::vector<std::string> names;
-    std::map<std::string, std::vector<double> > values;
-    for (const AccumulationResult& res : md.prompts) {
-      for (const auto& [k, v] : accumulation_summary(res)) {
-        if (!values.count(k)) names.push_back(k);
-        values[k].push_back(v);
-      }
-    }
-    for (const std::string& k : names) row(k, "all", finite_mean(values[k]));
-    const AccumulationResult& f = md.prompts.front();
-    for (int l = 0; l < m.num_layers; ++l) {
-      std::vector<double> acc, sta, drift;
-      for (const AccumulationResult& res : md.prompts) {
-        if (res.has_pseudo) {
-          acc.push_back(res.pseudo.mae_accumulated.back()[l]);
-          sta.push_back(res.pseudo.mae_static.back()[l]);
-        }
-        if (res.has_teacher) {
-          std::vector<double> d;
-          for (const auto& s : res.teacher.hidden_drift) d.push_back(s[l]);
-          drift.push_back(finite_mean(d));
-        }
-      }
-      if (f.has_pseudo) {
-        row("accumulation.mae_accumulated.final", l, finite_mean(acc));
-        row("accumulation.mae_static.final", l, finite_mean(sta));
-      }
-      if (f.has_teacher) row("decode.hidden_drift.mean", l, finite_mean(drift));
-    }
+    add_summary_rows(cs, m, method->accounting(m.head_dim).bits_per_element(),
+                     model_effective_bits(*method, m.head_dim, a.context, m.num_layers), policy,
+                     md, out.rows);
     out.data->models.push_back(std::move(md));
   }
   out.record = {{"models", std::move(models)},
@@ -331,7 +326,5 @@ void write_accumulation_arrays(H5::Group& root, const AccumulationCase& acc) {
     write_model(g, m);
   }
 }
-
-#endif  // KVARN_HAVE_RUNNER
 
 }  // namespace kvarn

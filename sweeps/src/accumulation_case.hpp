@@ -1,6 +1,6 @@
 // The sweep engine's part of error accumulation: runs eval's accumulation protocols for one case
 // over every configured model and prompt, and turns them into summary rows and HDF5 arrays
-// (docs/results.md, "Accumulation"). Internal to kvarn_sweeps.
+// (docs/results.md, "Accumulation"). Internal to kvarn_sweeps; compiled only with the runner.
 #ifndef KVARN_SWEEPS_SRC_ACCUMULATION_CASE_HPP_
 #define KVARN_SWEEPS_SRC_ACCUMULATION_CASE_HPP_
 
@@ -21,7 +21,7 @@ struct AccumulationCase {
   std::shared_ptr<AccumulationCaseData> data;
 };
 
-// Throws when the build has no runner (config validation prevents that).
+// Built only with the runner; the engine reaches it through RunnerSteps (runner_steps.hpp).
 AccumulationCase run_accumulation_case(const SweepConfig& cfg, const CaseSpec& cs);
 
 // accumulation/* and decode/* of the first model at the root (what the report plots), every

@@ -6,9 +6,7 @@
 #include "kvarn/data/error.hpp"
 #include "kvarn/data/tile_file.hpp"
 #include "kvarn/sweeps/provenance.hpp"
-#if KVARN_HAVE_RUNNER
-#include "kvarn/eval/capture.hpp"
-#endif
+#include "runner_steps.hpp"
 
 namespace kvarn {
 
@@ -39,43 +37,6 @@ std::string capture_problem(const fs::path& file, const std::string& hash) {
   return "";
 }
 
-#if KVARN_HAVE_RUNNER
-void run_capture_into(const SweepConfig& cfg, const fs::path& file, bool overwrite,
-                      const std::string& command, std::FILE* log) {
-  const CaptureSpec& cap = *cfg.data.capture;
-  CaptureOptions o;
-  o.model_dir = cap.model_resolved;
-  o.prompts = cap.prompts_resolved;
-  o.out = file;
-  o.ids = cap.prompt_ids;
-  o.layers = cap.layers;
-  o.kv_heads = cap.kv_heads;
-  o.query_heads = cap.query_heads;
-  o.max_tokens = cap.max_tokens;
-  o.generate = cap.generate;
-  o.ignore_eos = cap.ignore_eos;
-  o.chat = cap.chat;
-  o.device = cap.device;
-  o.num_threads = cap.threads;
-  o.force = overwrite;
-  o.model_name = cap.name;
-  const json build = collect_provenance({{"command", command}});
-  o.provenance = {
-      {"tool", "kvarn-eval sweep (" + cap.key + ")"},
-      {"git_commit", build.value("git_commit", json("unknown"))},
-      {"git_dirty", build.value("git_dirty", json(nullptr))},
-      {"command", command},
-      {"build", build},
-      {"sweep", {{"config", cfg.name}, {"spec", cap.resolved}, {"spec_hash", cap.hash}}}};
-  o.sha256_file = [](const fs::path& p) { return sha256_file_hex(p); };
-  o.log = [log](const std::string& line) {
-    std::fprintf(log, "[capture] %s\n", line.c_str());
-    std::fflush(log);
-  };
-  run_capture(o);
-}
-#endif
-
 }  // namespace
 
 CaptureStep prepare_capture(const SweepConfig& cfg, const fs::path& run_dir, bool needed,
@@ -105,12 +66,7 @@ CaptureStep prepare_capture(const SweepConfig& cfg, const fs::path& run_dir, boo
     std::fflush(log);
     fs::create_directories(file.parent_path());
     const auto t0 = std::chrono::steady_clock::now();
-#if KVARN_HAVE_RUNNER
-    run_capture_into(cfg, file, exists, command, log);
-#else
-    (void)command;
-    fail(cap.key, ": this kvarn-eval was built without the libtorch model runner");
-#endif
+    runner_steps().capture(cfg, file, exists, command, log);
     step.provenance["status"] = "captured";
     step.provenance["seconds"] =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

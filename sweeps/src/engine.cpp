@@ -14,7 +14,6 @@
 #include <set>
 #include <tuple>
 
-#include "accumulation_case.hpp"
 #include "capture_step.hpp"
 #include "kvarn/core/kvarn.hpp"
 #include "kvarn/core/registry.hpp"
@@ -29,6 +28,7 @@
 #include "kvarn/sweeps/provenance.hpp"
 #include "kvarn/sweeps/report.hpp"
 #include "kvarn/sweeps/store.hpp"
+#include "runner_steps.hpp"
 
 #ifndef KVARN_SOURCE_ROOT
 #define KVARN_SOURCE_ROOT ""
@@ -257,227 +257,248 @@ std::string reproduce_command(const SweepConfig& cfg, const std::string& case_id
   return cmd + " --only " + case_id;
 }
 
-json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& arrays_path) {
-  const std::unique_ptr<Method> method = make_method(cs.spec);
-  const auto* kvarn_method = dynamic_cast<const KvarnMethod*>(method.get());
-  const MetricsSelection& ms = cfg.metrics;
+namespace {
+
+// What one case accumulates while it measures every data file.
+struct CaseRun {
+  const SweepConfig& cfg;
+  const CaseSpec& cs;
+  std::unique_ptr<Method> method;
+  const KvarnMethod* kvarn_method = nullptr;
   MetricOptions mopts;
-  mopts.breakdown = ms.arrays;
   AttentionOptions aopts;
-  aopts.topk = ms.topk;
-  aopts.outlier_percents = ms.outlier_percents;
-  aopts.per_position = ms.arrays;
-  aopts.device = ms.device == "cuda" ? AttentionDevice::kCuda : AttentionDevice::kCpu;
-
   json slabs = json::array(), attention = json::array(), accounting = json::object();
-  std::vector<DataPart> parts(cfg.data.tiles.size());
+  std::vector<DataPart> parts;
 
-  // Everything is computed inside the arrays file's atomic write, so a failure or a kill leaves
-  // at most a temporary behind (removed on the next run).
-  auto body = [&](H5::H5File* h5) {
-    if (h5) {
-      h5::write_string_attr(*h5, "format", kArraysFormat);
-      h5::write_int_attr(*h5, "format_version", kArraysFormatVersion);
-      h5::write_string_attr(*h5, "case_id", cs.id);
-      h5::write_string_attr(*h5, "spec", cs.spec);
-      h5::write_string_attr(*h5, "method", cs.name);
+  CaseRun(const SweepConfig& c, const CaseSpec& spec)
+      : cfg(c), cs(spec), method(make_method(spec.spec)), parts(c.data.tiles.size()) {
+    kvarn_method = dynamic_cast<const KvarnMethod*>(method.get());
+    const MetricsSelection& ms = cfg.metrics;
+    mopts.breakdown = ms.arrays;
+    aopts.topk = ms.topk;
+    aopts.outlier_percents = ms.outlier_percents;
+    aopts.per_position = ms.arrays;
+    aopts.device = ms.device == "cuda" ? AttentionDevice::kCuda : AttentionDevice::kCpu;
+  }
+};
+
+// One (sequence, layer) slab group of a data file.
+struct LayerSlab {
+  const TilesSource& tiles;
+  const TileReader& reader;
+  const SequenceInfo& si;
+  int s = 0, li = 0, model_layer = 0, tokens = 0, group = 1;
+  std::optional<H5::Group> glayer;  // its arrays group (none without arrays)
+};
+
+struct QuantizedHead {
+  Matrix k, v;
+  SequenceResult q;
+};
+
+// Per (layer, q head) attention pooled over sequences, for the KL heatmap.
+using KlCells = std::map<std::pair<int, int>, AttentionPool>;
+
+// One KV head's reconstruction metrics: pooled, written to the arrays file, and a slab record.
+void measure_reconstruction(CaseRun& run, DataPart& part, LayerSlab& slab, const LayerContext& ctx,
+                            int h, const QuantizedHead& qh) {
+  const Method& method = *run.method;
+  // Same as eval's method_metrics(Method&, ...), reusing this quantization.
+  MethodTileReport rep = method_metrics(qh.q, qh.k, qh.v, run.mopts);
+  rep.method = method.name();
+  rep.spec = method.spec();
+  if (run.kvarn_method && !method.layer_skipped(ctx)) {
+    rep.stages = kvarn_stage_metrics(*run.kvarn_method, qh.k, qh.v, run.mopts);
+  }
+  for (const PoolKey& pk : {PoolKey{kAll, kAll}, PoolKey{slab.model_layer, h}}) {
+    part.key[pk].add(rep.key);
+    part.value[pk].add(rep.value);
+    if (rep.stages && rep.stages->tiles > 0) {
+      part.key[pk].add(rep.stages->key, rep.stages->tiles);
+      part.value[pk].add(rep.stages->value, rep.stages->tiles);
     }
-    for (std::size_t ti = 0; ti < cfg.data.tiles.size(); ++ti) {
-      const TilesSource& t = cfg.data.tiles[ti];
-      DataPart& part = parts[ti];
-      const TileReader reader(t.resolved);
-      const TileFileInfo& info = reader.info();
-      const Accounting acc = method->accounting(info.head_dim);
-      accounting[t.name] = {{"head_dim", info.head_dim},
+  }
+  if (slab.glayer) {
+    H5::Group gh = slab.glayer->createGroup(two_digits("head_", h));
+    write_doubles(gh, "k_nmse_per_channel", rep.key.all_tokens.nmse_per_channel);
+    write_doubles(gh, "k_nmse_per_token", rep.key.all_tokens.nmse_per_token);
+    write_doubles(gh, "v_nmse_per_channel", rep.value.all_tokens.nmse_per_channel);
+    write_doubles(gh, "v_nmse_per_token", rep.value.all_tokens.nmse_per_token);
+  }
+  json j = rep;
+  strip_vectors(j);
+  run.slabs.push_back({{"data", slab.tiles.name},
+                       {"sequence", slab.s},
+                       {"layer", slab.model_layer},
+                       {"head", h},
+                       {"tokens", slab.tokens},
+                       {"stored_bytes", qh.q.stored_bytes},
+                       {"metrics", std::move(j)}});
+}
+
+// Per-position attention arrays of one query head.
+void write_attention_arrays(H5::Group& glayer, const AttentionReport& rep, std::size_t i, int qh,
+                            int kv_head) {
+  const PositionMetrics& p = rep.heads[i].positions;
+  H5::Group gq = glayer.createGroup(two_digits("q_head_", qh));
+  h5::write_int_attr(gq, "kv_head", kv_head);
+  h5::write_int_attr(gq, "q_first", rep.q_first);
+  h5::write_ints_attr(gq, "topk", rep.topk);
+  write_doubles(gq, "kl", p.kl);
+  write_doubles(gq, "js", p.js);
+  write_doubles(gq, "output_nmse", p.output_nmse);
+  write_doubles(gq, "logit_mae", p.logit_mae);
+  write_doubles(gq, "logit_rmse", p.logit_rmse);
+  std::vector<double> tk;
+  for (const auto& row : p.topk_overlap) tk.insert(tk.end(), row.begin(), row.end());
+  write_matrix(gq, "topk_overlap", tk, p.topk_overlap.size(),
+               p.topk_overlap.empty() ? 0 : p.topk_overlap.front().size());
+}
+
+// Attention metrics of one KV head. GQA: query head qh reads KV head qh / group; one call per KV
+// head keeps that exact whatever subset of query heads was captured.
+void measure_attention(CaseRun& run, DataPart& part, LayerSlab& slab, int h,
+                       const QuantizedHead& qhead, KlCells& kl_cells, std::set<int>& q_heads_seen) {
+  std::vector<Matrix> qs;
+  std::vector<int> qh_model;
+  for (std::size_t qi = 0; qi < slab.si.q_heads.size(); ++qi) {
+    if (slab.si.q_heads[qi] / slab.group != h) continue;
+    qs.push_back(slab.reader.read(slab.s, "q", slab.li, static_cast<int>(qi)).topRows(slab.tokens));
+    qh_model.push_back(slab.si.q_heads[qi]);
+  }
+  if (qs.empty()) return;
+  const AttentionReport rep = attention_metrics(qs, {qhead.k}, {qhead.v}, {qhead.q}, run.aopts);
+  part.attention[{kAll, kAll}].add(rep.summary);
+  part.attention[{kAll, kAll}].add_outliers(rep);
+  for (std::size_t i = 0; i < rep.heads.size(); ++i) {
+    const int qh = qh_model[i];
+    part.attention[{slab.model_layer, qh}].add(rep.heads[i].summary);
+    kl_cells[{slab.model_layer, qh}].add(rep.heads[i].summary);
+    q_heads_seen.insert(qh);
+    if (slab.glayer && run.cfg.metrics.arrays) write_attention_arrays(*slab.glayer, rep, i, qh, h);
+  }
+  json j = rep;
+  strip_vectors(j);
+  run.attention.push_back({{"data", slab.tiles.name},
+                           {"sequence", slab.s},
+                           {"layer", slab.model_layer},
+                           {"kv_head", h},
+                           {"q_heads", qh_model},
+                           {"report", std::move(j)}});
+}
+
+// Every selected KV head of one (sequence, layer): quantize, reconstruction, then attention.
+void measure_layer(CaseRun& run, DataPart& part, LayerSlab& slab, const std::vector<int>& heads,
+                   int num_layers, KlCells& kl_cells, std::set<int>& q_heads_seen) {
+  const LayerContext ctx{slab.model_layer, num_layers};
+  const int head_dim = slab.reader.info().head_dim;
+  std::map<int, QuantizedHead> quantized;
+  for (int h : heads) {
+    QuantizedHead qh;
+    qh.k = slab.reader.read(slab.s, "k", slab.li, h).topRows(slab.tokens);
+    qh.v = slab.reader.read(slab.s, "v", slab.li, h).topRows(slab.tokens);
+    qh.q = quantize_sequence(*run.method, qh.k, qh.v, ctx);
+    part.stored_bytes += qh.q.stored_bytes;
+    part.fp16_bytes += 4ull * static_cast<std::size_t>(slab.tokens) * head_dim;
+    if (run.cfg.metrics.reconstruction) measure_reconstruction(run, part, slab, ctx, h, qh);
+    quantized.emplace(h, std::move(qh));
+  }
+  if (!run.cfg.metrics.attention || !slab.si.has_q) return;
+  for (int h : heads)
+    measure_attention(run, part, slab, h, quantized.at(h), kl_cells, q_heads_seen);
+}
+
+// Layer x head matrices the report draws as heatmaps (NaN: not measured).
+void write_layer_head_matrices(H5::Group& gdata, const DataPart& part, const KlCells& kl_cells,
+                               bool reconstruction) {
+  const std::size_t L = part.layers.size();
+  if (reconstruction) {
+    for (const char* stream : {"key", "value"}) {
+      const auto& pools = std::string(stream) == "key" ? part.key : part.value;
+      std::vector<double> m(L * part.heads.size(), NAN);
+      for (std::size_t a = 0; a < L; ++a) {
+        for (std::size_t b = 0; b < part.heads.size(); ++b) {
+          auto it = pools.find({part.layers[a], part.heads[b]});
+          if (it != pools.end()) m[a * part.heads.size() + b] = it->second.metrics()[0].second;
+        }
+      }
+      H5::Group gs = gdata.createGroup(stream);
+      h5::write_ints_attr(gs, "layers", part.layers);
+      h5::write_ints_attr(gs, "heads", part.heads);
+      write_matrix(gs, "nmse_layer_head", m, L, part.heads.size());
+    }
+  }
+  if (part.q_heads.empty()) return;
+  std::vector<double> m(L * part.q_heads.size(), NAN);
+  for (std::size_t a = 0; a < L; ++a) {
+    for (std::size_t b = 0; b < part.q_heads.size(); ++b) {
+      auto it = kl_cells.find({part.layers[a], part.q_heads[b]});
+      if (it != kl_cells.end() && it->second.count > 0) {
+        m[a * part.q_heads.size() + b] = it->second.kl / static_cast<double>(it->second.count);
+      }
+    }
+  }
+  H5::Group ga = gdata.createGroup("attention");
+  h5::write_ints_attr(ga, "layers", part.layers);
+  h5::write_ints_attr(ga, "q_heads", part.q_heads);
+  write_matrix(ga, "kl_layer_head", m, L, part.q_heads.size());
+}
+
+// One data file of the case: accounting, every selected (sequence, layer, head), its arrays.
+void measure_data_file(CaseRun& run, std::size_t ti, H5::H5File* h5) {
+  const SweepConfig& cfg = run.cfg;
+  const TilesSource& t = cfg.data.tiles[ti];
+  DataPart& part = run.parts[ti];
+  const TileReader reader(t.resolved);
+  const TileFileInfo& info = reader.info();
+  const Accounting acc = run.method->accounting(info.head_dim);
+  run.accounting[t.name] = {{"head_dim", info.head_dim},
                             {"bits_per_element", acc.bits_per_element()},
                             {"bytes_per_token", acc.bytes_per_token()},
                             {"capacity_vs_fp16", acc.capacity_vs_fp16()}};
-      const std::vector<int> seqs = selected(cfg.data.sequences, reader.num_sequences());
-      const std::vector<int> layers = selected(cfg.data.layers, info.num_captured_layers());
-      const std::vector<int> heads = selected(cfg.data.kv_heads, info.num_kv_heads);
-      const int group = std::max(1, info.num_q_heads / std::max(1, info.num_kv_heads));
-      for (int li : layers) part.layers.push_back(info.layers[static_cast<std::size_t>(li)]);
-      part.heads = heads;
-      std::optional<H5::Group> gdata;
-      // The first tiles file's arrays sit at the root; further files in a group named after them.
-      if (h5) gdata = ti == 0 ? h5->openGroup("/") : h5->createGroup(t.name);
-      // Per (layer, q head) attention pooled over sequences, for the KL heatmap.
-      std::map<std::pair<int, int>, AttentionPool> kl_cells;
-      std::set<int> q_heads_seen;
-      for (int s : seqs) {
-        const SequenceInfo& si = reader.sequence(s);
-        const int T =
-            cfg.data.max_tokens > 0 ? std::min(si.num_tokens, cfg.data.max_tokens) : si.num_tokens;
-        for (int li : layers) {
-          const int model_layer = info.layers[static_cast<std::size_t>(li)];
-          const LayerContext ctx{model_layer, info.num_layers};
-          std::optional<H5::Group> glayer;
-          if (gdata) {
-            H5::Group gslabs = child_group(*gdata, "slabs");
-            H5::Group gs = child_group(gslabs, "seq_" + si.name);
-            glayer = child_group(gs, two_digits("layer_", model_layer));
-          }
-          std::map<int, std::pair<Matrix, Matrix>> kv;
-          std::map<int, SequenceResult> quantized;
-          for (int h : heads) {
-            Matrix k = reader.read(s, "k", li, h).topRows(T);
-            Matrix v = reader.read(s, "v", li, h).topRows(T);
-            SequenceResult q = quantize_sequence(*method, k, v, ctx);
-            part.stored_bytes += q.stored_bytes;
-            part.fp16_bytes += 4ull * static_cast<std::size_t>(T) * info.head_dim;
-            if (ms.reconstruction) {
-              // Same as eval's method_metrics(Method&, ...), reusing this quantization.
-              MethodTileReport rep = method_metrics(q, k, v, mopts);
-              rep.method = method->name();
-              rep.spec = method->spec();
-              if (kvarn_method && !method->layer_skipped(ctx)) {
-                rep.stages = kvarn_stage_metrics(*kvarn_method, k, v, mopts);
-              }
-              for (const PoolKey& pk : {PoolKey{kAll, kAll}, PoolKey{model_layer, h}}) {
-                part.key[pk].add(rep.key);
-                part.value[pk].add(rep.value);
-                if (rep.stages && rep.stages->tiles > 0) {
-                  part.key[pk].add(rep.stages->key, rep.stages->tiles);
-                  part.value[pk].add(rep.stages->value, rep.stages->tiles);
-                }
-              }
-              if (glayer) {
-                H5::Group gh = glayer->createGroup(two_digits("head_", h));
-                write_doubles(gh, "k_nmse_per_channel", rep.key.all_tokens.nmse_per_channel);
-                write_doubles(gh, "k_nmse_per_token", rep.key.all_tokens.nmse_per_token);
-                write_doubles(gh, "v_nmse_per_channel", rep.value.all_tokens.nmse_per_channel);
-                write_doubles(gh, "v_nmse_per_token", rep.value.all_tokens.nmse_per_token);
-              }
-              json j = rep;
-              strip_vectors(j);
-              slabs.push_back({{"data", t.name},
-                               {"sequence", s},
-                               {"layer", model_layer},
-                               {"head", h},
-                               {"tokens", T},
-                               {"stored_bytes", q.stored_bytes},
-                               {"metrics", std::move(j)}});
-            }
-            kv.emplace(h, std::make_pair(std::move(k), std::move(v)));
-            quantized.emplace(h, std::move(q));
-          }
-          if (!ms.attention || !si.has_q) continue;
-          // GQA: query head qh reads KV head qh / group; one call per KV head keeps that exact
-          // whatever subset of query heads was captured.
-          for (int h : heads) {
-            std::vector<Matrix> qs;
-            std::vector<int> qh_model;
-            for (std::size_t qi = 0; qi < si.q_heads.size(); ++qi) {
-              if (si.q_heads[qi] / group != h) continue;
-              qs.push_back(reader.read(s, "q", li, static_cast<int>(qi)).topRows(T));
-              qh_model.push_back(si.q_heads[qi]);
-            }
-            if (qs.empty()) continue;
-            const AttentionReport rep = attention_metrics(qs, {kv.at(h).first}, {kv.at(h).second},
-                                                          {quantized.at(h)}, aopts);
-            part.attention[{kAll, kAll}].add(rep.summary);
-            part.attention[{kAll, kAll}].add_outliers(rep);
-            for (std::size_t i = 0; i < rep.heads.size(); ++i) {
-              const int qh = qh_model[i];
-              part.attention[{model_layer, qh}].add(rep.heads[i].summary);
-              kl_cells[{model_layer, qh}].add(rep.heads[i].summary);
-              q_heads_seen.insert(qh);
-              if (glayer && ms.arrays) {
-                const PositionMetrics& p = rep.heads[i].positions;
-                H5::Group gq = glayer->createGroup(two_digits("q_head_", qh));
-                h5::write_int_attr(gq, "kv_head", h);
-                h5::write_int_attr(gq, "q_first", rep.q_first);
-                h5::write_ints_attr(gq, "topk", rep.topk);
-                write_doubles(gq, "kl", p.kl);
-                write_doubles(gq, "js", p.js);
-                write_doubles(gq, "output_nmse", p.output_nmse);
-                write_doubles(gq, "logit_mae", p.logit_mae);
-                write_doubles(gq, "logit_rmse", p.logit_rmse);
-                std::vector<double> tk;
-                for (const auto& row : p.topk_overlap) tk.insert(tk.end(), row.begin(), row.end());
-                write_matrix(gq, "topk_overlap", tk, p.topk_overlap.size(),
-                             p.topk_overlap.empty() ? 0 : p.topk_overlap.front().size());
-              }
-            }
-            json j = rep;
-            strip_vectors(j);
-            attention.push_back({{"data", t.name},
-                                 {"sequence", s},
-                                 {"layer", model_layer},
-                                 {"kv_head", h},
-                                 {"q_heads", qh_model},
-                                 {"report", std::move(j)}});
-          }
-        }
-      }
-      part.q_heads.assign(q_heads_seen.begin(), q_heads_seen.end());
+  const std::vector<int> seqs = selected(cfg.data.sequences, reader.num_sequences());
+  const std::vector<int> layers = selected(cfg.data.layers, info.num_captured_layers());
+  const std::vector<int> heads = selected(cfg.data.kv_heads, info.num_kv_heads);
+  const int group = std::max(1, info.num_q_heads / std::max(1, info.num_kv_heads));
+  for (int li : layers) part.layers.push_back(info.layers[static_cast<std::size_t>(li)]);
+  part.heads = heads;
+  std::optional<H5::Group> gdata;
+  // The first tiles file's arrays sit at the root; further files in a group named after them.
+  if (h5) gdata = ti == 0 ? h5->openGroup("/") : h5->createGroup(t.name);
+  KlCells kl_cells;
+  std::set<int> q_heads_seen;
+  for (int s : seqs) {
+    const SequenceInfo& si = reader.sequence(s);
+    const int T =
+        cfg.data.max_tokens > 0 ? std::min(si.num_tokens, cfg.data.max_tokens) : si.num_tokens;
+    for (int li : layers) {
+      LayerSlab slab{t, reader, si,          s, li, info.layers[static_cast<std::size_t>(li)],
+                     T, group,  std::nullopt};
       if (gdata) {
-        // Layer x head matrices the report draws as heatmaps (NaN: not measured).
-        const std::size_t L = part.layers.size();
-        h5::write_string_attr(*gdata, "data", t.name);
-        if (ms.reconstruction) {
-          for (const char* stream : {"key", "value"}) {
-            const auto& pools = std::string(stream) == "key" ? part.key : part.value;
-            std::vector<double> m(L * part.heads.size(), NAN);
-            for (std::size_t a = 0; a < L; ++a) {
-              for (std::size_t b = 0; b < part.heads.size(); ++b) {
-                auto it = pools.find({part.layers[a], part.heads[b]});
-                if (it != pools.end())
-                  m[a * part.heads.size() + b] = it->second.metrics()[0].second;
-              }
-            }
-            H5::Group gs = gdata->createGroup(stream);
-            h5::write_ints_attr(gs, "layers", part.layers);
-            h5::write_ints_attr(gs, "heads", part.heads);
-            write_matrix(gs, "nmse_layer_head", m, L, part.heads.size());
-          }
-        }
-        if (!part.q_heads.empty()) {
-          std::vector<double> m(L * part.q_heads.size(), NAN);
-          for (std::size_t a = 0; a < L; ++a) {
-            for (std::size_t b = 0; b < part.q_heads.size(); ++b) {
-              auto it = kl_cells.find({part.layers[a], part.q_heads[b]});
-              if (it != kl_cells.end() && it->second.count > 0) {
-                m[a * part.q_heads.size() + b] =
-                    it->second.kl / static_cast<double>(it->second.count);
-              }
-            }
-          }
-          H5::Group ga = gdata->createGroup("attention");
-          h5::write_ints_attr(ga, "layers", part.layers);
-          h5::write_ints_attr(ga, "q_heads", part.q_heads);
-          write_matrix(ga, "kl_layer_head", m, L, part.q_heads.size());
-        }
+        H5::Group gslabs = child_group(*gdata, "slabs");
+        H5::Group gs = child_group(gslabs, "seq_" + si.name);
+        slab.glayer = child_group(gs, two_digits("layer_", slab.model_layer));
       }
+      measure_layer(run, part, slab, heads, info.num_layers, kl_cells, q_heads_seen);
     }
-  };
-  // Error accumulation runs the model with the method in the loop (accumulation_case.cpp).
-  AccumulationCase acc;
-  if (cfg.accumulation.enabled) acc = run_accumulation_case(cfg, cs);
-  if (arrays_path.empty()) {
-    body(nullptr);
-  } else {
-    h5::silence_errors();
-    write_atomically(arrays_path, [&](const fs::path& tmp) {
-      try {
-        H5::H5File file(tmp.string(), H5F_ACC_TRUNC);
-        body(&file);
-        if (cfg.accumulation.enabled) write_accumulation_arrays(file, acc);
-        file.close();
-      } catch (const H5::Exception& e) {
-        fail(tmp.string(), ": cannot write: ", h5::describe(e));
-      }
-    });
   }
+  part.q_heads.assign(q_heads_seen.begin(), q_heads_seen.end());
+  if (gdata) {
+    h5::write_string_attr(*gdata, "data", t.name);
+    write_layer_head_matrices(*gdata, part, kl_cells, cfg.metrics.reconstruction);
+  }
+}
 
-  // Tidy rows: per data file, stream, (all, all) first then every (layer, head), fixed metric
-  // order.
+// Tidy rows: per data file, stream, (all, all) first then every (layer, head), fixed metric
+// order; the accumulation rows last.
+json tidy_rows(const CaseRun& run, const AccumulationCase& acc) {
+  const CaseSpec& cs = run.cs;
   json rows = json::array();
   auto layer_cell = [](int x) { return x == kAll ? json("all") : json(x); };
-  for (std::size_t ti = 0; ti < parts.size(); ++ti) {
-    const DataPart& part = parts[ti];
-    const std::string& dname = cfg.data.tiles[ti].name;
-    const double bits = accounting[dname]["bits_per_element"].get<double>();
+  for (std::size_t ti = 0; ti < run.parts.size(); ++ti) {
+    const DataPart& part = run.parts[ti];
+    const std::string& dname = run.cfg.data.tiles[ti].name;
+    const double bits = run.accounting[dname]["bits_per_element"].get<double>();
     // Bits per element as stored at the measured lengths (fp16 sink/tail/windows, boundary layers).
     const json eff = part.fp16_bytes > 0 ? json(16.0 * static_cast<double>(part.stored_bytes) /
                                                 static_cast<double>(part.fp16_bytes))
@@ -508,9 +529,51 @@ json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& ar
     }
     for (const auto& [pk, pool] : part.key) emit("key", pk, pool.metrics());  // kAll sorts first
     for (const auto& [pk, pool] : part.value) emit("value", pk, pool.metrics());
-    for (const auto& [pk, pool] : part.attention) emit("attention", pk, pool.metrics(ms.topk));
+    for (const auto& [pk, pool] : part.attention) {
+      emit("attention", pk, pool.metrics(run.cfg.metrics.topk));
+    }
   }
   for (const json& r : acc.rows) rows.push_back(r);
+  return rows;
+}
+
+// The arrays file's header attributes.
+void write_arrays_header(H5::H5File& h5, const CaseSpec& cs) {
+  h5::write_string_attr(h5, "format", kArraysFormat);
+  h5::write_int_attr(h5, "format_version", kArraysFormatVersion);
+  h5::write_string_attr(h5, "case_id", cs.id);
+  h5::write_string_attr(h5, "spec", cs.spec);
+  h5::write_string_attr(h5, "method", cs.name);
+}
+
+}  // namespace
+
+json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& arrays_path) {
+  CaseRun run(cfg, cs);
+  // Everything is computed inside the arrays file's atomic write, so a failure or a kill leaves
+  // at most a temporary behind (removed on the next run).
+  auto body = [&](H5::H5File* h5) {
+    if (h5) write_arrays_header(*h5, cs);
+    for (std::size_t ti = 0; ti < cfg.data.tiles.size(); ++ti) measure_data_file(run, ti, h5);
+  };
+  // Error accumulation runs the model with the method in the loop (accumulation_case.cpp).
+  AccumulationCase acc;
+  if (cfg.accumulation.enabled) acc = runner_steps().accumulation_case(cfg, cs);
+  if (arrays_path.empty()) {
+    body(nullptr);
+  } else {
+    h5::silence_errors();
+    write_atomically(arrays_path, [&](const fs::path& tmp) {
+      try {
+        H5::H5File file(tmp.string(), H5F_ACC_TRUNC);
+        body(&file);
+        if (cfg.accumulation.enabled) runner_steps().write_accumulation_arrays(file, acc);
+        file.close();
+      } catch (const H5::Exception& e) {
+        fail(tmp.string(), ": cannot write: ", h5::describe(e));
+      }
+    });
+  }
   json record = {
       {"format", kCaseFormat},
       {"format_version", kCaseFormatVersion},
@@ -520,22 +583,20 @@ json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& ar
       {"name", cs.name},
       {"spec", cs.spec},
       {"family", cs.family},
-      {"accounting", accounting},
-      {"slabs", slabs},
-      {"attention", attention},
-      {"rows", rows},
+      {"accounting", run.accounting},
+      {"slabs", run.slabs},
+      {"attention", run.attention},
+      {"rows", tidy_rows(run, acc)},
       {"arrays",
        arrays_path.empty() ? json(nullptr) : json("arrays/" + arrays_path.filename().string())}};
   if (cfg.accumulation.enabled) record["accumulation"] = std::move(acc.record);
   return record;
 }
 
-SweepResult run_sweep(const SweepConfig& cfg, const SweepOptions& opts) {
-  KVARN_CHECK(opts.shard_count >= 1 && opts.shard_index >= 0 && opts.shard_index < opts.shard_count,
-              "--shard: need 0 <= i < n");
-  SweepResult res;
-  res.total = static_cast<int>(cfg.cases.size());
-  std::vector<const CaseSpec*> todo;
+namespace {
+
+// The cases of this shard and --only, checked against the config.
+std::vector<const CaseSpec*> select_cases(const SweepConfig& cfg, const SweepOptions& opts) {
   std::set<std::string> only(opts.only.begin(), opts.only.end());
   for (const std::string& o : opts.only) {
     const bool known = std::any_of(cfg.cases.begin(), cfg.cases.end(), [&](const CaseSpec& c) {
@@ -547,11 +608,93 @@ SweepResult run_sweep(const SweepConfig& cfg, const SweepOptions& opts) {
       fail("--only ", o, ": no such case (nearest: ", nearest(o, ids), ")");
     }
   }
+  std::vector<const CaseSpec*> todo;
   for (const CaseSpec& c : cfg.cases) {
     if (c.index % opts.shard_count != opts.shard_index) continue;
     if (!only.empty() && !only.count(c.id) && !only.count(std::to_string(c.index))) continue;
     todo.push_back(&c);
   }
+  return todo;
+}
+
+// The run directory's fixed files: resolved config, shard marker, attached throughput results.
+void init_run_directory(const SweepConfig& cfg, const SweepOptions& opts, const RunStore& store,
+                        const fs::path& run_dir) {
+  store.init(cfg.resolved, cfg.config_text);
+  if (const int n = store.remove_stale_temporaries()) {
+    std::fprintf(opts.log, "removed %d temporary file(s) of an interrupted run\n", n);
+  }
+  if (opts.shard_count > 1 && !fs::exists(run_dir / "shard.json")) {
+    write_text_atomically(
+        run_dir / "shard.json",
+        json{{"shard", opts.shard_index}, {"of", opts.shard_count}}.dump() + "\n");
+  }
+  if (!cfg.throughput_results.empty() && !fs::exists(run_dir / "throughput.json")) {
+    write_atomically(run_dir / "throughput.json", [&](const fs::path& tmp) {
+      fs::copy_file(cfg.throughput_resolved, tmp, fs::copy_options::overwrite_existing);
+    });
+  }
+}
+
+// Provenance of this invocation, written under its digest (which each case records).
+std::string write_provenance(const SweepConfig& cfg, const SweepOptions& opts,
+                             const fs::path& run_dir, const json& capture_prov) {
+  json seeds = {{"config_seed", cfg.seed}};
+  json prov_extra = {{"command", opts.command},
+                     {"config", cfg.config_path.string()},
+                     {"sets", cfg.sets},
+                     {"config_hash", cfg.hash},
+                     {"seeds", seeds},
+                     {"shard", {{"index", opts.shard_index}, {"count", opts.shard_count}}},
+                     {"kvarn_eval_version", "0.1.0"}};
+  if (cfg.data.capture) prov_extra["capture"] = capture_prov;
+  const json prov = collect_provenance(prov_extra);
+  const std::string prov_text = prov.dump(2) + "\n";
+  const std::string digest = sha256_hex(prov_text).substr(0, 16);
+  write_text_atomically(run_dir / "provenance" / (digest + ".json"), prov_text);
+  write_text_atomically(run_dir / "provenance.json", prov_text);
+  return digest;
+}
+
+// Computes and stores one case; its record, written last, marks it finished.
+void run_case(const SweepConfig& cfg, const SweepConfig& run_cfg, const CaseSpec& c,
+              const RunStore& store, const std::string& digest) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string started = utc_timestamp();
+  json record = compute_case(run_cfg, c, cfg.metrics.arrays ? store.arrays_path(c.id) : fs::path());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  record["timing"] = {{"seconds", secs}, {"started", started}, {"finished", utc_timestamp()}};
+  record["provenance_digest"] = digest;
+  record["command"] = reproduce_command(cfg, c.id);
+  store.write_case(record);
+}
+
+// The Python report of the finished run (a failure is a warning unless strict_report).
+void run_report_step(const SweepConfig& cfg, const SweepOptions& opts, SweepResult& res) {
+  if (!opts.report || !cfg.report) return;
+  if (find_report_script().empty()) {
+    KVARN_CHECK(!opts.strict_report, "report: reports/kvarn_report not found");
+    std::fprintf(opts.log, "warning: report skipped: reports/kvarn_report not found\n");
+    return;
+  }
+  std::fflush(opts.log);
+  res.report_rc = run_report(res.run_dir);
+  if (res.report_rc != 0) {
+    KVARN_CHECK(!opts.strict_report, "report failed (exit ", res.report_rc, ") for ",
+                res.run_dir.string());
+    std::fprintf(opts.log, "warning: report failed (exit %d) for %s\n", res.report_rc,
+                 res.run_dir.string().c_str());
+  }
+}
+
+}  // namespace
+
+SweepResult run_sweep(const SweepConfig& cfg, const SweepOptions& opts) {
+  KVARN_CHECK(opts.shard_count >= 1 && opts.shard_index >= 0 && opts.shard_index < opts.shard_count,
+              "--shard: need 0 <= i < n");
+  SweepResult res;
+  res.total = static_cast<int>(cfg.cases.size());
+  const std::vector<const CaseSpec*> todo = select_cases(cfg, opts);
   res.selected = static_cast<int>(todo.size());
 
   for (const std::string& n : cfg.notices) std::fprintf(opts.log, "%s\n", n.c_str());
@@ -559,20 +702,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const SweepOptions& opts) {
   fs::create_directories(res.run_dir);
   RunLock lock(res.run_dir);
   const RunStore store(res.run_dir);
-  store.init(cfg.resolved, cfg.config_text);
-  if (const int n = store.remove_stale_temporaries()) {
-    std::fprintf(opts.log, "removed %d temporary file(s) of an interrupted run\n", n);
-  }
-  if (opts.shard_count > 1 && !fs::exists(res.run_dir / "shard.json")) {
-    write_text_atomically(
-        res.run_dir / "shard.json",
-        json{{"shard", opts.shard_index}, {"of", opts.shard_count}}.dump() + "\n");
-  }
-  if (!cfg.throughput_results.empty() && !fs::exists(res.run_dir / "throughput.json")) {
-    write_atomically(res.run_dir / "throughput.json", [&](const fs::path& tmp) {
-      fs::copy_file(cfg.throughput_resolved, tmp, fs::copy_options::overwrite_existing);
-    });
-  }
+  init_run_directory(cfg, opts, store, res.run_dir);
 
   std::vector<const CaseSpec*> pending;
   for (const CaseSpec* c : todo) {
@@ -601,21 +731,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const SweepOptions& opts) {
     }
   }
 
-  // Provenance of this invocation; each case names the record it was computed under.
-  json seeds = {{"config_seed", cfg.seed}};
-  json prov_extra = {{"command", opts.command},
-                     {"config", cfg.config_path.string()},
-                     {"sets", cfg.sets},
-                     {"config_hash", cfg.hash},
-                     {"seeds", seeds},
-                     {"shard", {{"index", opts.shard_index}, {"count", opts.shard_count}}},
-                     {"kvarn_eval_version", "0.1.0"}};
-  if (cfg.data.capture) prov_extra["capture"] = capture_prov;
-  const json prov = collect_provenance(prov_extra);
-  const std::string prov_text = prov.dump(2) + "\n";
-  const std::string digest = sha256_hex(prov_text).substr(0, 16);
-  write_text_atomically(res.run_dir / "provenance" / (digest + ".json"), prov_text);
-  write_text_atomically(res.run_dir / "provenance.json", prov_text);
+  const std::string digest = write_provenance(cfg, opts, res.run_dir, capture_prov);
   std::fprintf(opts.log, "run directory: %s (%d cases, %d to compute, %d already finished)\n",
                res.run_dir.string().c_str(), res.selected, static_cast<int>(pending.size()),
                res.resumed);
@@ -625,16 +741,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const SweepOptions& opts) {
   for (const CaseSpec* c : pending) {
     const std::string label = c->id + " " + c->name;
     progress.start_case(label);
-    const auto t0 = std::chrono::steady_clock::now();
-    const std::string started = utc_timestamp();
-    json record =
-        compute_case(*run_cfg, *c, cfg.metrics.arrays ? store.arrays_path(c->id) : fs::path());
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    record["timing"] = {{"seconds", secs}, {"started", started}, {"finished", utc_timestamp()}};
-    record["provenance_digest"] = digest;
-    record["command"] = reproduce_command(cfg, c->id);
-    store.write_case(record);  // the record is the "finished" marker: written last
+    run_case(cfg, *run_cfg, *c, store, digest);
     ++res.computed;
     progress.finish_case(label);
   }
@@ -642,22 +749,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const SweepOptions& opts) {
   res.finished = store.write_summaries();
   std::fprintf(opts.log, "summary: %s (%d of %d cases)\n",
                (res.run_dir / "summary.jsonl").string().c_str(), res.finished, res.total);
-
-  if (opts.report && cfg.report) {
-    if (find_report_script().empty()) {
-      KVARN_CHECK(!opts.strict_report, "report: reports/kvarn_report not found");
-      std::fprintf(opts.log, "warning: report skipped: reports/kvarn_report not found\n");
-    } else {
-      std::fflush(opts.log);
-      res.report_rc = run_report(res.run_dir);
-      if (res.report_rc != 0) {
-        KVARN_CHECK(!opts.strict_report, "report failed (exit ", res.report_rc, ") for ",
-                    res.run_dir.string());
-        std::fprintf(opts.log, "warning: report failed (exit %d) for %s\n", res.report_rc,
-                     res.run_dir.string().c_str());
-      }
-    }
-  }
+  run_report_step(cfg, opts, res);
   return res;
 }
 

@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "kvarn/eval/model.hpp"
+#include "kvarn/runner/model.hpp"
 
 namespace kvarn::test {
 

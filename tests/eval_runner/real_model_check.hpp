@@ -16,8 +16,8 @@
 
 #include "cuda_load.hpp"
 #include "kvarn/data/error.hpp"
-#include "kvarn/eval/runner.hpp"
-#include "kvarn/eval/safetensors.hpp"
+#include "kvarn/runner/runner.hpp"
+#include "kvarn/runner/safetensors.hpp"
 #include "runner_test_util.hpp"
 
 namespace kvarn::test {

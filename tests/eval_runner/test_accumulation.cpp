@@ -12,9 +12,9 @@
 
 #include "cuda_load.hpp"
 #include "kvarn/data/error.hpp"
-#include "kvarn/eval/accumulation.hpp"
-#include "kvarn/eval/kv_cache.hpp"
-#include "kvarn/eval/model.hpp"
+#include "kvarn/runner/accumulation.hpp"
+#include "kvarn/runner/kv_cache.hpp"
+#include "kvarn/runner/model.hpp"
 #include "runner_test_util.hpp"
 
 namespace kvarn {

@@ -24,8 +24,8 @@
 #include "cuda_load.hpp"
 #include "kvarn/data/error.hpp"
 #include "kvarn/data/tile_file.hpp"
-#include "kvarn/eval/kv_cache.hpp"
-#include "kvarn/eval/model.hpp"
+#include "kvarn/runner/kv_cache.hpp"
+#include "kvarn/runner/model.hpp"
 
 namespace kvarn {
 namespace {

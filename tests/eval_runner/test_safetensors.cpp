@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "kvarn/data/error.hpp"
-#include "kvarn/eval/safetensors.hpp"
+#include "kvarn/runner/safetensors.hpp"
 #include "runner_test_util.hpp"
 
 namespace kvarn {

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "kvarn/data/error.hpp"
-#include "kvarn/eval/tokenizer.hpp"
+#include "kvarn/runner/tokenizer.hpp"
 #include "runner_test_util.hpp"
 
 namespace kvarn {

@@ -9,6 +9,10 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
+
+#include "kvarn/data/error.hpp"
+#include "kvarn/sweeps/config.hpp"
 
 namespace kvarn::testing_util {
 
@@ -28,6 +32,18 @@ inline std::string slurp_file(const fs::path& p) {
 inline void write_file(const fs::path& p, const std::string& text) {
   fs::create_directories(p.parent_path());
   std::ofstream(p, std::ios::binary) << text;
+}
+
+// The error message of loading `yaml` (written to dir/bad.yaml) with `sets`, or "" when it loads.
+inline std::string config_error(const fs::path& dir, const std::string& yaml,
+                                const std::vector<std::string>& sets = {}) {
+  write_file(dir / "bad.yaml", yaml);
+  try {
+    load_config(dir / "bad.yaml", sets);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // A per-test scratch directory, removed afterwards.

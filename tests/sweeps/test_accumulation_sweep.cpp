@@ -12,7 +12,7 @@
 #include "sweep_test_util.hpp"
 
 #if KVARN_HAVE_RUNNER
-#include "kvarn/eval/tokenizer.hpp"
+#include "kvarn/runner/tokenizer.hpp"
 #endif
 
 namespace kvarn {

@@ -14,6 +14,7 @@
 #include "kvarn/data/tile_file.hpp"
 #include "kvarn/sweeps/config.hpp"
 #include "kvarn/sweeps/engine.hpp"
+#include "kvarn/sweeps/estimate.hpp"
 #include "kvarn/sweeps/provenance.hpp"
 #include "sweep_test_util.hpp"
 

@@ -7,6 +7,7 @@
 #include "kvarn/data/error.hpp"
 #include "kvarn/data/tile_file.hpp"
 #include "kvarn/sweeps/config.hpp"
+#include "kvarn/sweeps/estimate.hpp"
 #include "kvarn/sweeps/provenance.hpp"
 #include "sweep_test_util.hpp"
 
@@ -22,13 +23,7 @@ class ConfigTest : public TempDirTest {
  protected:
   // The error message of loading `yaml` (written to dir_/bad.yaml), or "" when it loads.
   std::string error_of(const std::string& yaml, const std::vector<std::string>& sets = {}) {
-    write_file(dir_ / "bad.yaml", yaml);
-    try {
-      load_config(dir_ / "bad.yaml", sets);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
+    return testing_util::config_error(dir_, yaml, sets);
   }
   std::string base() {
     return "version: 1\nname: t\ndata:\n  tiles: " + sample_tiles().string() + "\n";
@@ -162,7 +157,8 @@ TEST_F(ConfigTest, EstimateIsPositive) {
   std::int64_t slabs = 0, tokens = 0;
   for (const auto& tiles : c.data.tiles) {
     const TileReader r(tiles.resolved);
-    const std::int64_t per_seq = std::int64_t{r.info().num_captured_layers()} * r.info().num_kv_heads;
+    const std::int64_t per_seq =
+        std::int64_t{r.info().num_captured_layers()} * r.info().num_kv_heads;
     for (int s = 0; s < r.num_sequences(); ++s) {
       slabs += per_seq;
       tokens += per_seq * r.sequence(s).num_tokens;

@@ -110,7 +110,7 @@ struct AccumulationSettings {
   std::string device = "cpu";
   int threads = 0;  // CPU intra-op threads; 0: torch's default
   // Current-token policies, each run separately: "exact" (the chunk attends to its own exact
-  // K/V) and/or "quantized" (it reads itself back as stored). kvarn/eval/accumulation.hpp.
+  // K/V) and/or "quantized" (it reads itself back as stored). kvarn/runner/accumulation.hpp.
   std::vector<std::string> current_token = {"exact"};
 };
 
@@ -139,16 +139,6 @@ struct SweepConfig {
 // Throws kvarn::Error (file:line:col: key 'a.b': message) on any problem.
 SweepConfig load_config(const std::filesystem::path& path,
                         const std::vector<std::string>& sets = {});
-
-// Rough cost model for `validate`: token-slabs x per-token constants per metric family.
-struct SweepEstimate {
-  std::int64_t slabs = 0;   // (tiles, sequence, layer, KV head) per case
-  std::int64_t tokens = 0;  // tokens over those slabs, per case
-  double seconds = 0;       // whole sweep, one core (the capture step included)
-  double bytes = 0;         // run directory (the capture file included)
-  double capture_seconds = 0, capture_bytes = 0;  // the data.capture step alone (0: none)
-};
-SweepEstimate estimate_sweep(const SweepConfig& cfg);
 
 // Resolves a relative path: CWD, then the config's directory, then its parent (the repo root for
 // configs/). Returns "" when not found.

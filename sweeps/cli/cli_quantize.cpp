@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "commands.hpp"
 #include "kvarn/core/registry.hpp"
 #include "kvarn/data/atomic_file.hpp"
 #include "kvarn/data/error.hpp"
 #include "kvarn/data/h5_io.hpp"
 #include "kvarn/data/tile_file.hpp"
-#include "kvarn/sweeps/commands.hpp"
 #include "kvarn/sweeps/provenance.hpp"
 
 namespace kvarn {

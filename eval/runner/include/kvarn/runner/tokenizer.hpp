@@ -6,8 +6,8 @@
 //
 // Built only when PCRE2 is found (KVARN_HAVE_TOKENIZER); otherwise Tokenizer::load throws and
 // the runner takes plain token ids.
-#ifndef KVARN_EVAL_TOKENIZER_HPP_
-#define KVARN_EVAL_TOKENIZER_HPP_
+#ifndef KVARN_RUNNER_TOKENIZER_HPP_
+#define KVARN_RUNNER_TOKENIZER_HPP_
 
 #include <cstdint>
 #include <filesystem>
@@ -39,4 +39,4 @@ class Tokenizer {
 
 }  // namespace kvarn
 
-#endif  // KVARN_EVAL_TOKENIZER_HPP_
+#endif  // KVARN_RUNNER_TOKENIZER_HPP_

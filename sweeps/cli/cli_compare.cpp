@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "kvarn/sweeps/commands.hpp"
+#include "commands.hpp"
 #include "kvarn/sweeps/compare.hpp"
 #include "kvarn/sweeps/store.hpp"
 

@@ -8,8 +8,8 @@
 // Every forward call runs a chunk of new tokens over an explicit ModelKvCache (kv_cache.hpp) and
 // appends the chunk's post-RoPE K/V to it, so prefill, block-wise pseudo-decode, teacher-forced
 // and free-running decode are all sequences of forward() calls. This header is torch-free.
-#ifndef KVARN_EVAL_MODEL_HPP_
-#define KVARN_EVAL_MODEL_HPP_
+#ifndef KVARN_RUNNER_MODEL_HPP_
+#define KVARN_RUNNER_MODEL_HPP_
 
 #include <cstdint>
 #include <filesystem>
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "kvarn/core/method.hpp"
-#include "kvarn/eval/kv_cache.hpp"
+#include "kvarn/runner/kv_cache.hpp"
 
 namespace kvarn {
 
@@ -135,4 +135,4 @@ int argmax(std::span<const float> logits);
 
 }  // namespace kvarn
 
-#endif  // KVARN_EVAL_MODEL_HPP_
+#endif  // KVARN_RUNNER_MODEL_HPP_

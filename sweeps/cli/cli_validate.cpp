@@ -4,9 +4,10 @@
 #include <string>
 #include <vector>
 
-#include "kvarn/sweeps/commands.hpp"
+#include "commands.hpp"
 #include "kvarn/sweeps/config.hpp"
 #include "kvarn/sweeps/engine.hpp"
+#include "kvarn/sweeps/estimate.hpp"
 #include "kvarn/sweeps/progress.hpp"
 
 namespace kvarn {

@@ -4,8 +4,8 @@
 #include <filesystem>
 #include <iostream>
 
+#include "commands.hpp"
 #include "kvarn/data/error.hpp"
-#include "kvarn/sweeps/commands.hpp"
 
 int main(int argc, char** argv) {
   kvarn::set_command_line(argc, argv);

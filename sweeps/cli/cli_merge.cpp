@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "kvarn/sweeps/commands.hpp"
+#include "commands.hpp"
 #include "kvarn/sweeps/store.hpp"
 
 namespace kvarn {

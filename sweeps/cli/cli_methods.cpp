@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "commands.hpp"
 #include "kvarn/core/effective_bits.hpp"
 #include "kvarn/core/registry.hpp"
 #include "kvarn/data/error.hpp"
-#include "kvarn/sweeps/commands.hpp"
 
 namespace kvarn {
 

@@ -3,8 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "commands.hpp"
 #include "kvarn/data/error.hpp"
-#include "kvarn/sweeps/commands.hpp"
 
 namespace kvarn {
 

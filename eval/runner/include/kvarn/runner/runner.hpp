@@ -6,8 +6,8 @@
 //   auto ids = r.encode("The quick brown fox");
 //   auto logits = r.model().prefill(cache, ids);
 //   auto next = r.model().decode_step(cache, kvarn::argmax(logits));
-#ifndef KVARN_EVAL_RUNNER_HPP_
-#define KVARN_EVAL_RUNNER_HPP_
+#ifndef KVARN_RUNNER_RUNNER_HPP_
+#define KVARN_RUNNER_RUNNER_HPP_
 
 #include <cstdint>
 #include <filesystem>
@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "kvarn/eval/kv_cache.hpp"
-#include "kvarn/eval/model.hpp"
-#include "kvarn/eval/tokenizer.hpp"
+#include "kvarn/runner/kv_cache.hpp"
+#include "kvarn/runner/model.hpp"
+#include "kvarn/runner/tokenizer.hpp"
 
 namespace kvarn {
 
@@ -43,4 +43,4 @@ double relative_error(const float* a, const float* b, std::size_t n);
 
 }  // namespace kvarn
 
-#endif  // KVARN_EVAL_RUNNER_HPP_
+#endif  // KVARN_RUNNER_RUNNER_HPP_

@@ -10,8 +10,8 @@
 //   * RoPE applied in double precision to the captured pre-RoPE K equals the post-RoPE K within
 //     the fp32 rounding of the angle (see rope_tolerance in capture.cpp).
 // This header is torch-free.
-#ifndef KVARN_EVAL_CAPTURE_HPP_
-#define KVARN_EVAL_CAPTURE_HPP_
+#ifndef KVARN_RUNNER_CAPTURE_HPP_
+#define KVARN_RUNNER_CAPTURE_HPP_
 
 #include <cstdint>
 #include <filesystem>
@@ -100,4 +100,4 @@ std::vector<std::int32_t> encode_capture_prompt(const Tokenizer& tokenizer,
 
 }  // namespace kvarn
 
-#endif  // KVARN_EVAL_CAPTURE_HPP_
+#endif  // KVARN_RUNNER_CAPTURE_HPP_

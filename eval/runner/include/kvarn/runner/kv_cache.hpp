@@ -11,8 +11,8 @@
 // the host as above, with a device copy of the rows (see final_rows()). docs/runner.md.
 //
 // This header is torch-free.
-#ifndef KVARN_EVAL_KV_CACHE_HPP_
-#define KVARN_EVAL_KV_CACHE_HPP_
+#ifndef KVARN_RUNNER_KV_CACHE_HPP_
+#define KVARN_RUNNER_KV_CACHE_HPP_
 
 #include <cstddef>
 #include <memory>
@@ -126,4 +126,4 @@ class ModelKvCache {
 
 }  // namespace kvarn
 
-#endif  // KVARN_EVAL_KV_CACHE_HPP_
+#endif  // KVARN_RUNNER_KV_CACHE_HPP_

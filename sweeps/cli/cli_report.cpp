@@ -4,8 +4,8 @@
 #include <memory>
 #include <string>
 
+#include "commands.hpp"
 #include "kvarn/data/error.hpp"
-#include "kvarn/sweeps/commands.hpp"
 #include "kvarn/sweeps/report.hpp"
 
 namespace kvarn {

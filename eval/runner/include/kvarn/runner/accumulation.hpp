@@ -27,8 +27,8 @@
 // decode protocols. The static baseline's block reads its own K/V exact (`exact`) or, under
 // `quantized`, as an fp16 cache stores them, over the final cache's reconstruction held in fp16.
 // This header is torch-free (kvarn_runner).
-#ifndef KVARN_EVAL_ACCUMULATION_HPP_
-#define KVARN_EVAL_ACCUMULATION_HPP_
+#ifndef KVARN_RUNNER_ACCUMULATION_HPP_
+#define KVARN_RUNNER_ACCUMULATION_HPP_
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "kvarn/core/method.hpp"
-#include "kvarn/eval/model.hpp"
+#include "kvarn/runner/model.hpp"
 
 namespace kvarn {
 
@@ -132,4 +132,4 @@ double finite_mean(const std::vector<double>& v);
 
 }  // namespace kvarn
 
-#endif  // KVARN_EVAL_ACCUMULATION_HPP_
+#endif  // KVARN_RUNNER_ACCUMULATION_HPP_

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "kvarn/eval/capture.hpp"
-#include "kvarn/sweeps/commands.hpp"
+#include "commands.hpp"
+#include "kvarn/runner/capture.hpp"
 #include "kvarn/sweeps/provenance.hpp"
 
 namespace kvarn {

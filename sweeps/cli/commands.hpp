@@ -1,7 +1,7 @@
 // Subcommands of the kvarn-eval CLI. Each add_*_command registers one subcommand on the app;
 // its callback throws kvarn::Error on bad input (main turns that into exit code 2).
-#ifndef KVARN_SWEEPS_COMMANDS_HPP_
-#define KVARN_SWEEPS_COMMANDS_HPP_
+#ifndef KVARN_SWEEPS_CLI_COMMANDS_HPP_
+#define KVARN_SWEEPS_CLI_COMMANDS_HPP_
 
 #include <CLI/CLI.hpp>
 #include <string>
@@ -41,4 +41,4 @@ const std::string& command_line();
 
 }  // namespace kvarn
 
-#endif  // KVARN_SWEEPS_COMMANDS_HPP_
+#endif  // KVARN_SWEEPS_CLI_COMMANDS_HPP_

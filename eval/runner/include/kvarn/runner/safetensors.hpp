@@ -9,8 +9,8 @@
 // overflow, end - begin == numel * dtype size, offsets within the data section, sorted and
 // non-overlapping, no duplicate names. Every error names the file and, where one exists, the
 // tensor. The data is memory-mapped read-only.
-#ifndef KVARN_EVAL_SAFETENSORS_HPP_
-#define KVARN_EVAL_SAFETENSORS_HPP_
+#ifndef KVARN_RUNNER_SAFETENSORS_HPP_
+#define KVARN_RUNNER_SAFETENSORS_HPP_
 
 #include <cstddef>
 #include <cstdint>
@@ -97,4 +97,4 @@ class SafetensorsCheckpoint {
 
 }  // namespace kvarn
 
-#endif  // KVARN_EVAL_SAFETENSORS_HPP_
+#endif  // KVARN_RUNNER_SAFETENSORS_HPP_

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "kvarn/sweeps/commands.hpp"
+#include "commands.hpp"
 #include "kvarn/sweeps/config.hpp"
 #include "kvarn/sweeps/engine.hpp"
 

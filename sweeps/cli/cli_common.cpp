@@ -1,6 +1,6 @@
 #include <string>
 
-#include "kvarn/sweeps/commands.hpp"
+#include "commands.hpp"
 
 namespace kvarn {
 
