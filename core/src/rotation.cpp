@@ -278,7 +278,7 @@ void scale_round_odd(const double* s, std::size_t n, Fp16Scale c, double cd, flo
 // Rows of a [d, n] channel-major block are channels, columns are vectors (rows of the caller).
 // row0: row number of column 0 in the caller's rows (for the message).
 [[noreturn]] void fail_fp16_range(const char* what, float value, std::size_t i, int n, int row0) {
-  fail("fp16 rotation: ", what, " ", value, " at row ", row0 + static_cast<int>(i % n),
+  fail("fp16 rotation: ", what, " ", value, " at row (token) ", row0 + static_cast<int>(i % n),
        ", channel ", i / n,
        " is beyond the fp16 range (|x| <= 65504): the rotated fp16 cache cannot hold it (the "
        "published fp16 pipeline would store inf and produce NaN)");

@@ -297,7 +297,7 @@ TEST(Fp16Range, RotatedOverflowIsAnErrorNamingRowAndChannel) {
       FAIL() << "expected an error";
     } catch (const std::exception& e) {
       const std::string msg = e.what();
-      EXPECT_NE(msg.find("row 46, channel 0"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("row (token) 46, channel 0"), std::string::npos) << msg;
       EXPECT_NE(msg.find("fp16 range"), std::string::npos) << msg;
     }
   }
