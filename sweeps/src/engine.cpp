@@ -397,7 +397,12 @@ void measure_layer(CaseRun& run, DataPart& part, LayerSlab& slab, const std::vec
     QuantizedHead qh;
     qh.k = slab.reader.read(slab.s, "k", slab.li, h).topRows(slab.tokens);
     qh.v = slab.reader.read(slab.s, "v", slab.li, h).topRows(slab.tokens);
-    qh.q = quantize_sequence(*run.method, qh.k, qh.v, ctx);
+    try {
+      qh.q = quantize_sequence(*run.method, qh.k, qh.v, ctx);
+    } catch (const Error& e) {  // e.g. values the method cannot hold: name the slab
+      fail(slab.tiles.resolved.string(), ": /sequences/", slab.si.name, "/k,v [layer ", slab.li,
+           ", head ", h, "]: ", run.cs.name, ": ", e.what());
+    }
     part.stored_bytes += qh.q.stored_bytes;
     part.fp16_bytes += 4ull * static_cast<std::size_t>(slab.tokens) * head_dim;
     if (run.cfg.metrics.reconstruction) measure_reconstruction(run, part, slab, ctx, h, qh);
