@@ -687,14 +687,10 @@ __global__ void __launch_bounds__(D) combine_kernel(const float* o_part, const f
   grid_dep_wait();
   const long long row = static_cast<long long>(blockIdx.y) * num_q_heads + blockIdx.x;
   const int d = threadIdx.x;
-  // Unrolled so that 8 loads are in flight: with many splits (batch 1, long context) the loop is
-  // load-latency bound; the sums keep their order.
   float mx = -INFINITY;
-#pragma unroll 8
   for (int s = 0; s < num_splits; ++s) mx = fmaxf(mx, lse[row * num_splits + s]);
   float num = 0.0f, den = 0.0f;
   if (mx != -INFINITY) {
-#pragma unroll 8
     for (int s = 0; s < num_splits; ++s) {
       const float w = exp2f(lse[row * num_splits + s] - mx);
       num += w * o_part[(row * num_splits + s) * D + d];
