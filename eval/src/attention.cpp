@@ -289,10 +289,13 @@ MatrixD reference_attention(const Matrix& q, const Matrix& k, const Matrix& v, i
                             1.0 / std::sqrt(static_cast<double>(q.cols())));
 }
 
-AttentionReport attention_metrics(const std::vector<Matrix>& q, const std::vector<Matrix>& k,
-                                  const std::vector<Matrix>& v, const std::vector<Matrix>& k_hat,
-                                  const std::vector<Matrix>& v_hat, const AttentionOptions& opts,
-                                  const std::vector<std::vector<std::uint8_t>>* k_quantized) {
+namespace {
+
+// Shapes: hq query heads of tq rows over hkv KV heads of t tokens, all of head_dim d.
+void check_attention_inputs(const std::vector<Matrix>& q, const std::vector<Matrix>& k,
+                            const std::vector<Matrix>& v, const std::vector<Matrix>& k_hat,
+                            const std::vector<Matrix>& v_hat,
+                            const std::vector<std::vector<std::uint8_t>>* k_quantized) {
   const int hq = static_cast<int>(q.size()), hkv = static_cast<int>(k.size());
   KVARN_CHECK(hq > 0 && hkv > 0 && hq % hkv == 0, "attention_metrics: ", hq,
               " query heads are not a multiple of ", hkv, " KV heads");
@@ -316,11 +319,14 @@ AttentionReport attention_metrics(const std::vector<Matrix>& q, const std::vecto
     KVARN_CHECK(static_cast<int>(k_quantized->size()) == hkv,
                 "attention_metrics: ", k_quantized->size(), " quantized masks for ", hkv,
                 " KV heads");
+}
+
+// The report's shape fields, query window and position buckets.
+AttentionReport empty_report(int hq, int hkv, int t, int tq, int d, const AttentionOptions& opts) {
   const int q_first = opts.q_first < 0 ? t - tq : opts.q_first;
   KVARN_CHECK(tq > 0 && q_first >= 0 && q_first + tq <= t, "attention_metrics: ", tq,
               " queries from position ", q_first, " exceed ", t, " tokens");
   for (int kk : opts.topk) KVARN_CHECK(kk > 0, "attention_metrics: top-k must be > 0, got ", kk);
-
   AttentionReport rep;
   rep.q_heads = hq;
   rep.kv_heads = hkv;
@@ -330,40 +336,42 @@ AttentionReport attention_metrics(const std::vector<Matrix>& q, const std::vecto
   rep.q_first = q_first;
   rep.topk = opts.topk;
   rep.bucket_edges = opts.bucket_edges.empty() ? default_edges(t) : opts.bucket_edges;
-  const std::vector<int>& edges = rep.bucket_edges;
-  KVARN_CHECK(edges.size() >= 2 && std::is_sorted(edges.begin(), edges.end()),
+  KVARN_CHECK(rep.bucket_edges.size() >= 2 &&
+                  std::is_sorted(rep.bucket_edges.begin(), rep.bucket_edges.end()),
               "attention_metrics: bucket edges must be ascending, at least two");
-  const int nb = static_cast<int>(edges.size()) - 1;
   rep.heads.resize(hq);
-  rep.buckets.assign(nb, {});
-  const int group = hq / hkv;
+  rep.buckets.assign(rep.bucket_edges.size() - 1, {});
+  return rep;
+}
 
-  // Per-position metrics of every query head against a K̂ (full = false: KL only), on the CPU or
-  // the GPU; everything after it (summaries, buckets, outlier ranking) is shared host code.
-  std::vector<MatrixD> qd;
-  RowRunner rows;
-  if (opts.device == AttentionDevice::kCuda) {
-    rows = cuda_rows(q, k, v, v_hat, q_first, opts);
-  } else {
-    qd.resize(hq);
-    for (int h = 0; h < hq; ++h) qd[h] = to_double(q[h]);
-    rows = [&](const std::vector<Matrix>& kh, bool full, std::vector<PositionMetrics>* out) {
-      out->resize(hq);
-      for (int g = 0; g < hkv; ++g) {
-        const MatrixD kd = to_double(k[g]), khd = to_double(kh[g]);
-        const MatrixD vd = full ? to_double(v[g]) : MatrixD();  // KL only reads no values
-        const MatrixD vhd = full ? to_double(v_hat[g]) : MatrixD();
-        for (int h = g * group; h < (g + 1) * group; ++h)
-          run_head(qd[h], kd, vd, khd, vhd, q_first, opts, full, &(*out)[h]);
-      }
-    };
-  }
+// Per-position metrics of every query head against a K̂ on the CPU (double precision).
+RowRunner cpu_rows(const std::vector<Matrix>& k, const std::vector<Matrix>& v,
+                   const std::vector<Matrix>& v_hat, const std::vector<MatrixD>& qd, int q_first,
+                   const AttentionOptions& opts) {
+  return [&k, &v, &v_hat, &qd, q_first, &opts](const std::vector<Matrix>& kh, bool full,
+                                               std::vector<PositionMetrics>* out) {
+    const int hq = static_cast<int>(qd.size()), hkv = static_cast<int>(k.size());
+    const int group = hq / hkv;
+    out->resize(hq);
+    for (int g = 0; g < hkv; ++g) {
+      const MatrixD kd = to_double(k[g]), khd = to_double(kh[g]);
+      const MatrixD vd = full ? to_double(v[g]) : MatrixD();  // KL only reads no values
+      const MatrixD vhd = full ? to_double(v_hat[g]) : MatrixD();
+      for (int h = g * group; h < (g + 1) * group; ++h)
+        run_head(qd[h], kd, vd, khd, vhd, q_first, opts, full, &(*out)[h]);
+    }
+  };
+}
 
-  std::vector<PositionMetrics> pm;
-  rows(k_hat, true, &pm);
+// Summaries of every head, overall and per position bucket, from the per-position metrics.
+void summarize_heads(std::vector<PositionMetrics>& pm, bool keep_positions,
+                     AttentionReport* rep) {
+  const int hq = rep->q_heads, hkv = rep->kv_heads, tq = rep->queries, group = hq / hkv;
+  const std::vector<int>& edges = rep->bucket_edges;
+  const int nb = static_cast<int>(edges.size()) - 1;
   for (int g = 0; g < hkv; ++g) {
     for (int h = g * group; h < (g + 1) * group; ++h) {
-      HeadAttentionMetrics& hm = rep.heads[h];
+      HeadAttentionMetrics& hm = rep->heads[h];
       hm.q_head = h;
       hm.kv_head = g;
       hm.positions = std::move(pm[h]);
@@ -371,84 +379,131 @@ AttentionReport attention_metrics(const std::vector<Matrix>& q, const std::vecto
       hm.buckets.assign(nb, {});
       for (int bk = 0; bk < nb; ++bk) {
         // Query rows whose position falls in [edges[bk], edges[bk+1]).
-        const int a = std::clamp(edges[bk] - q_first, 0, tq);
-        const int b = std::clamp(edges[bk + 1] - q_first, 0, tq);
+        const int a = std::clamp(edges[bk] - rep->q_first, 0, tq);
+        const int b = std::clamp(edges[bk + 1] - rep->q_first, 0, tq);
         accumulate(hm.positions, a, b, &hm.buckets[bk]);
-        merge_sums(hm.buckets[bk], &rep.buckets[bk]);
+        merge_sums(hm.buckets[bk], &rep->buckets[bk]);
         finish(&hm.buckets[bk]);
       }
-      merge_sums(hm.summary, &rep.summary);
+      merge_sums(hm.summary, &rep->summary);
       finish(&hm.summary);
-      if (!opts.per_position) hm.positions = {};
+      if (!keep_positions) hm.positions = {};
     }
   }
-  finish(&rep.summary);
-  for (auto& b : rep.buckets) finish(&b);
+  finish(&rep->summary);
+  for (auto& b : rep->buckets) finish(&b);
+}
 
-  // Outlier importance: patch the worst entries of K̂ (by |k − k̂| over the whole K of a KV head,
-  // tokens the method quantized only) back to exact and measure KL again.
+std::size_t outlier_count(double pct, std::size_t candidates) {
+  const double c = std::ceil(pct / 100.0 * static_cast<double>(candidates));
+  return std::min(candidates, static_cast<std::size_t>(std::max(0.0, c)));
+}
+
+// Per KV head: the entries of K that may be patched (tokens the method quantized), the worst
+// outlier_count(max_pct) first in ranking order (|k − k̂| descending, index ascending on ties);
+// *total_err gets Σ (k − k̂)² over all entries.
+std::vector<std::vector<int>> rank_key_errors(
+    const std::vector<Matrix>& k, const std::vector<Matrix>& k_hat, double max_pct,
+    const std::vector<std::vector<std::uint8_t>>* k_quantized, double* total_err) {
+  const int hkv = static_cast<int>(k.size());
+  const int t = static_cast<int>(k[0].rows()), d = static_cast<int>(k[0].cols());
+  std::vector<std::vector<int>> ranked(hkv);
+  std::vector<float> err(static_cast<std::size_t>(t) * d);
+  for (int g = 0; g < hkv; ++g) {
+    const float* a = k[g].data();
+    const float* b = k_hat[g].data();
+    std::vector<int>& cand = ranked[g];
+    for (int r = 0; r < t; ++r) {
+      const bool use = !k_quantized || (*k_quantized)[g][r];
+      for (int c = 0; c < d; ++c) {
+        const std::size_t j = static_cast<std::size_t>(r) * d + c;
+        const double e = static_cast<double>(a[j]) - b[j];
+        err[j] = static_cast<float>(std::fabs(e));
+        *total_err += e * e;
+        if (use) cand.push_back(static_cast<int>(j));
+      }
+    }
+    auto larger = [&](int x, int y) { return err[x] != err[y] ? err[x] > err[y] : x < y; };
+    const std::size_t most = outlier_count(max_pct, cand.size());
+    if (most > 0 && most < cand.size())
+      std::nth_element(cand.begin(), cand.begin() + (most - 1), cand.end(), larger);
+    std::sort(cand.begin(), cand.begin() + most, larger);
+  }
+  return ranked;
+}
+
+// Outlier importance: patch the worst entries of K̂ (by |k − k̂| over the whole K of a KV head,
+// tokens the method quantized only) back to exact and measure KL again.
+void outlier_importance(const std::vector<Matrix>& k, const std::vector<Matrix>& k_hat,
+                        const AttentionOptions& opts,
+                        const std::vector<std::vector<std::uint8_t>>* k_quantized,
+                        const RowRunner& rows, AttentionReport* rep) {
   const int np = static_cast<int>(opts.outlier_percents.size());
-  rep.outliers.resize(np);
-  for (int i = 0; i < np; ++i) rep.outliers[i].percent = opts.outlier_percents[i];
-  if (np > 0) {
-    std::vector<double> err_sum(np, 0.0);
-    double total_err = 0;
-    std::vector<std::int64_t> kl_count(np, 0);
-    const double max_pct =
-        *std::max_element(opts.outlier_percents.begin(), opts.outlier_percents.end());
-    auto count_of = [](double pct, std::size_t candidates) {
-      const double c = std::ceil(pct / 100.0 * static_cast<double>(candidates));
-      return std::min(candidates, static_cast<std::size_t>(std::max(0.0, c)));
-    };
-    // Per KV head: the candidate entries, the worst count_of(max_pct) first in ranking order.
-    std::vector<std::vector<int>> ranked(hkv);
-    std::vector<float> err(static_cast<std::size_t>(t) * d);
+  const int hkv = static_cast<int>(k.size()), hq = rep->q_heads, tq = rep->queries;
+  rep->outliers.resize(np);
+  for (int i = 0; i < np; ++i) rep->outliers[i].percent = opts.outlier_percents[i];
+  if (np == 0) return;
+  std::vector<double> err_sum(np, 0.0);
+  double total_err = 0;
+  std::vector<std::int64_t> kl_count(np, 0);
+  const double max_pct =
+      *std::max_element(opts.outlier_percents.begin(), opts.outlier_percents.end());
+  const std::vector<std::vector<int>> ranked =
+      rank_key_errors(k, k_hat, max_pct, k_quantized, &total_err);
+  std::vector<Matrix> kp(hkv);
+  std::vector<PositionMetrics> pm;
+  for (int pi = 0; pi < np; ++pi) {
     for (int g = 0; g < hkv; ++g) {
       const float* a = k[g].data();
       const float* b = k_hat[g].data();
-      std::vector<int>& cand = ranked[g];
-      for (int r = 0; r < t; ++r) {
-        const bool use = !k_quantized || (*k_quantized)[g][r];
-        for (int c = 0; c < d; ++c) {
-          const std::size_t j = static_cast<std::size_t>(r) * d + c;
-          const double e = static_cast<double>(a[j]) - b[j];
-          err[j] = static_cast<float>(std::fabs(e));
-          total_err += e * e;
-          if (use) cand.push_back(static_cast<int>(j));
-        }
+      const std::size_t cnt = outlier_count(opts.outlier_percents[pi], ranked[g].size());
+      kp[g] = k_hat[g];
+      for (std::size_t j = 0; j < cnt; ++j) {
+        const int idx = ranked[g][j];
+        kp[g].data()[idx] = a[idx];
+        const double e = static_cast<double>(a[idx]) - b[idx];
+        err_sum[pi] += e * e;
       }
-      auto larger = [&](int x, int y) { return err[x] != err[y] ? err[x] > err[y] : x < y; };
-      const std::size_t most = count_of(max_pct, cand.size());
-      if (most > 0 && most < cand.size())
-        std::nth_element(cand.begin(), cand.begin() + (most - 1), cand.end(), larger);
-      std::sort(cand.begin(), cand.begin() + most, larger);
+      rep->outliers[pi].patched_entries += static_cast<std::int64_t>(cnt);
     }
-    std::vector<Matrix> kp(hkv);
-    for (int pi = 0; pi < np; ++pi) {
-      for (int g = 0; g < hkv; ++g) {
-        const float* a = k[g].data();
-        const float* b = k_hat[g].data();
-        const std::size_t cnt = count_of(opts.outlier_percents[pi], ranked[g].size());
-        kp[g] = k_hat[g];
-        for (std::size_t j = 0; j < cnt; ++j) {
-          const int idx = ranked[g][j];
-          kp[g].data()[idx] = a[idx];
-          const double e = static_cast<double>(a[idx]) - b[idx];
-          err_sum[pi] += e * e;
-        }
-        rep.outliers[pi].patched_entries += static_cast<std::int64_t>(cnt);
-      }
-      rows(kp, false, &pm);
-      for (int h = 0; h < hq; ++h) {
-        rep.outliers[pi].kl += std::accumulate(pm[h].kl.begin(), pm[h].kl.end(), 0.0);
-        kl_count[pi] += tq;
-      }
-    }
-    for (int pi = 0; pi < np; ++pi) {
-      if (kl_count[pi] > 0) rep.outliers[pi].kl /= static_cast<double>(kl_count[pi]);
-      rep.outliers[pi].k_err_share = total_err > 0 ? err_sum[pi] / total_err : 0.0;
+    rows(kp, false, &pm);
+    for (int h = 0; h < hq; ++h) {
+      rep->outliers[pi].kl += std::accumulate(pm[h].kl.begin(), pm[h].kl.end(), 0.0);
+      kl_count[pi] += tq;
     }
   }
+  for (int pi = 0; pi < np; ++pi) {
+    if (kl_count[pi] > 0) rep->outliers[pi].kl /= static_cast<double>(kl_count[pi]);
+    rep->outliers[pi].k_err_share = total_err > 0 ? err_sum[pi] / total_err : 0.0;
+  }
+}
+
+}  // namespace
+
+AttentionReport attention_metrics(const std::vector<Matrix>& q, const std::vector<Matrix>& k,
+                                  const std::vector<Matrix>& v, const std::vector<Matrix>& k_hat,
+                                  const std::vector<Matrix>& v_hat, const AttentionOptions& opts,
+                                  const std::vector<std::vector<std::uint8_t>>* k_quantized) {
+  check_attention_inputs(q, k, v, k_hat, v_hat, k_quantized);
+  const int hq = static_cast<int>(q.size()), hkv = static_cast<int>(k.size());
+  AttentionReport rep = empty_report(hq, hkv, static_cast<int>(k[0].rows()),
+                                     static_cast<int>(q[0].rows()),
+                                     static_cast<int>(k[0].cols()), opts);
+  // Per-position metrics of every query head against a K̂ (full = false: KL only), on the CPU or
+  // the GPU; everything after it (summaries, buckets, outlier ranking) is shared host code.
+  std::vector<MatrixD> qd;
+  RowRunner rows;
+  if (opts.device == AttentionDevice::kCuda) {
+    rows = cuda_rows(q, k, v, v_hat, rep.q_first, opts);
+  } else {
+    qd.resize(hq);
+    for (int h = 0; h < hq; ++h) qd[h] = to_double(q[h]);
+    rows = cpu_rows(k, v, v_hat, qd, rep.q_first, opts);
+  }
+  std::vector<PositionMetrics> pm;
+  rows(k_hat, true, &pm);
+  summarize_heads(pm, opts.per_position, &rep);
+  outlier_importance(k, k_hat, opts, k_quantized, rows, &rep);
   return rep;
 }
 

@@ -79,12 +79,12 @@ void read_current_token(const Ctx& c, const YAML::Node& acc, AccumulationSetting
   if (list && ct.size() == 0) c.fail_at(ct, "accumulation.current_token", "empty list");
   for (std::size_t i = 0; i < (list ? ct.size() : 1); ++i) {
     const YAML::Node n = list ? ct[i] : ct;
-    std::string k = "accumulation.current_token";
-    if (list) k += "." + std::to_string(i);
+    const std::string k =
+        list ? "accumulation.current_token." + std::to_string(i) : "accumulation.current_token";
     const std::string v = get_string(c, n, k);
     if (v != "exact" && v != "quantized") c.fail_at(n, k, "expected exact or quantized");
     if (std::find(a.current_token.begin(), a.current_token.end(), v) != a.current_token.end())
-      c.fail_at(n, k, "'" + v + "' given twice");
+      c.fail_at(n, k, std::string(1, '\'').append(v).append("' given twice"));
     a.current_token.push_back(v);
   }
 }
