@@ -250,6 +250,7 @@ void BM_Store(benchmark::State& st, int kb, int vb, int blocks = 1024) {
 struct DecodeCaseB {
   std::string fmt;  // k4v2 k4v4 fp16 fp8 tq4 tq3 tqk8v4
   int hq, hkv, batch, ctx;
+  int splits = 0;  // 0: decode_num_splits' choice
 };
 
 // One region of the cache: random content for timing, constant content for the closed form.
@@ -474,6 +475,7 @@ void BM_Decode(benchmark::State& st, const DecodeCaseB& c) {
   s.p.num_q_heads = c.hq;
   s.p.num_kv_heads = c.hkv;
   s.p.head_dim = kHeadDim;
+  s.p.num_splits = c.splits;
   if (c.fmt.rfind("tq", 0) == 0) {
     setup_tq(s, c);
   } else {
@@ -570,6 +572,15 @@ int main(int argc, char** argv) {
                 BM_Decode(s, c);
               });
         }
+  // Split count at batch 1 (few CTAs, many splits): fixed counts next to the automatic one.
+  for (const char* f : {"fp16", "k4v2", "tq4"})
+    for (int ctx : {16384, 32768, 131072})
+      for (int splits : {8, 16, 32, 64}) {
+        const DecodeCaseB c{f, 32, 8, 1, ctx, splits};
+        reg(std::string("splits/") + f + "/hq32/hkv8/b1/ctx" + std::to_string(ctx) + "/s" +
+                std::to_string(splits),
+            [c](benchmark::State& s) { BM_Decode(s, c); });
+      }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -132,7 +132,8 @@ int resident_ctas(const DecodeProblem& p) {
 // As many split CTAs as are resident on the device at once (occupancy calculator; without a
 // device: shared memory bound, 228 KiB per SM, 1 KiB reserved per CTA), split so that
 // batch * Hkv * S fills that one wave, with at least two blocks per split (each split writes D
-// floats per head and warp to the workspace).
+// floats per head and warp to the workspace) and, for FP16 and KVarN past 16 splits, a minimum
+// of tokens per split.
 int decode_num_splits(const DecodeProblem& p) {
   if (p.num_splits > 0) return p.num_splits;
   const bool tq = p.format == DecodeFormat::kTurboQuant;
@@ -155,6 +156,17 @@ int decode_num_splits(const DecodeProblem& p) {
   const long long slots = per_sm * sm_count();
   const long long ctas = std::max(1LL, static_cast<long long>(p.batch) * p.num_kv_heads);
   long long s = std::max(1LL, slots / ctas);
+  // FP16 and KVarN beyond 16 splits (few sequences and heads: batch 1): the combine's serial loop
+  // over the splits costs more than the extra parallelism gives, so at least 1024 (FP16) / 512
+  // (KVarN) tokens per split there (H200, batch 1: 8-17 % faster at 16K-32K, unchanged elsewhere).
+  // FP8 and TurboQuant lost at short context with such a floor and keep one wave of CTAs.
+  constexpr long long kManySplits = 16;
+  if (s > kManySplits &&
+      (p.format == DecodeFormat::kFp16 || p.format == DecodeFormat::kKvarn)) {
+    const long long min_tokens = p.format == DecodeFormat::kKvarn ? 512 : 1024;
+    const long long tokens = static_cast<long long>(p.max_blocks) * p.block_size;
+    s = std::max(kManySplits, std::min(s, tokens / min_tokens));
+  }
   s = std::min<long long>(s, std::max(1, p.max_blocks / 2));
   return static_cast<int>(std::clamp<long long>(s, 1, 1024));
 }
