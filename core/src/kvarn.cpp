@@ -91,8 +91,7 @@ void kvarn_encode_stream(StreamKind kind, const KvarnConfig& cfg, const Rotation
   // the K orientation [D, G]; V goes back to token-major [G, D].
   oriented.resize(n);
   transpose(rows, g, d, oriented.data());
-  rot.forward_columns(oriented.data(), g);
-  round_to_half_inplace(oriented.data(), n);
+  rot.forward_columns_fp16(oriented.data(), g);
   if (!is_key || st) {
     rotated.resize(n);
     transpose(oriented.data(), d, g, rotated.data());
@@ -291,8 +290,7 @@ class KvarnCodec : public StreamCodec {
   void keep(const float* rows, int n, float* recon) override {
     const std::size_t total = static_cast<std::size_t>(n) * head_dim_;
     std::copy(rows, rows + total, recon);
-    rot_.forward(recon, n);
-    round_to_half_inplace(recon, total);
+    rot_.forward_fp16(recon, n);
     rot_.inverse(recon, n);
   }
 
@@ -335,7 +333,7 @@ std::string KvarnMethod::name() const {
 std::string KvarnMethod::spec() const {
   std::string s = "kvarn:k=" + std::to_string(cfg_.key_bits) + ",v=" + std::to_string(cfg_.value_bits) +
                   ",g=" + std::to_string(cfg_.group) + ",iters=" + std::to_string(cfg_.varn.iters) +
-                  ",rotation=" + to_string(cfg_.rotation);
+                  ",rotation=" + kvarn_rotation_name(cfg_.rotation);
   if (cfg_.rotation == RotationKind::kHaar) s += ",seed=" + std::to_string(cfg_.rotation_seed);
   if (cfg_.rtn_quantile > 0) {
     std::ostringstream q;
@@ -347,7 +345,7 @@ std::string KvarnMethod::spec() const {
 }
 
 std::string KvarnMethod::description() const {
-  return "KVarN: " + to_string(cfg_.rotation) + " rotation, " + std::to_string(cfg_.varn.iters) +
+  return "KVarN: " + kvarn_rotation_name(cfg_.rotation) + " rotation, " + std::to_string(cfg_.varn.iters) +
          "-iteration log-domain variance normalization, RTN K" + std::to_string(cfg_.key_bits) +
          " per channel / V" + std::to_string(cfg_.value_bits) + " per token in tiles of " +
          std::to_string(cfg_.group) + " tokens, " + scales_name(cfg_.scales) + " scales, fp16 sink " +
@@ -357,7 +355,7 @@ std::string KvarnMethod::description() const {
 void KvarnMethod::check_head_dim(int head_dim) const {
   KVARN_CHECK(head_dim >= 8 && head_dim % 8 == 0, "method ", name(), ": head_dim ", head_dim,
               " must be a positive multiple of 8");
-  if (cfg_.rotation == RotationKind::kHadamard) {
+  if (cfg_.rotation == RotationKind::kHadamard || cfg_.rotation == RotationKind::kHadamardFp16) {
     KVARN_CHECK(hadamard_supported(head_dim), "method ", name(), ": no orthogonal Hadamard for head_dim ",
                 head_dim, " (supported: 2^m, 12*2^m, 20*2^m, 28*2^m)");
   }
@@ -380,7 +378,7 @@ void register_kvarn(Registry& r) {
                   c.value_bits = p.get_int("v", 2);
                   c.group = p.get_int("g", 128);
                   c.varn.iters = p.get_int("iters", 8);
-                  c.rotation = parse_rotation(p.get_string("rotation", "hadamard"));
+                  c.rotation = parse_kvarn_rotation(p.get_string("rotation", "hadamard"));
                   c.rotation_seed = static_cast<std::uint64_t>(p.get_int("seed", 0));
                   c.rtn_quantile = static_cast<float>(p.get_double("quantile", 0.0));
                   std::string sc = p.get_string("scales", "fp16");

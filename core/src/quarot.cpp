@@ -70,8 +70,7 @@ class QuarotCodec : public StreamCodec {
     // fp16 input, rotated in fp32 and held in fp16 (the online Hadamard's output dtype).
     rotated_.resize(d);
     for (std::size_t i = 0; i < d; ++i) rotated_[i] = round_to_half(rows[i]);
-    rot_.forward(rotated_.data(), 1);
-    for (float& v : rotated_) v = round_to_half(v);
+    rot_.forward_fp16(rotated_.data(), 1, chunk->first_token);  // throws beyond the fp16 range
     Field codes{p + "codes", "u8", {1, packed_bytes(d, bits_)}, {}};
     codes.bytes.resize(packed_bytes(d, bits_));
     Field scale{p + "scale", "f16", {groups}, std::vector<std::uint8_t>(groups * 2)};

@@ -1,9 +1,12 @@
 #include "kvarn/core/rotation.hpp"
 
 #include <Eigen/Dense>
+#include <algorithm>
 #include <cmath>
 
+#include "kvarn/core/hadamard_fp16.hpp"
 #include "kvarn/core/half_array.hpp"
+#include "kvarn/core/portable_math.hpp"
 #include "kvarn/core/rng.hpp"
 #include "kvarn/data/error.hpp"
 #include "simd.hpp"
@@ -16,6 +19,8 @@ std::string to_string(RotationKind kind) {
       return "none";
     case RotationKind::kHadamard:
       return "hadamard";
+    case RotationKind::kHadamardFp16:
+      return "hadamard_fp16";
     case RotationKind::kHaar:
       return "haar";
   }
@@ -29,7 +34,27 @@ RotationKind parse_rotation(const std::string& name) {
   fail("unknown rotation '", name, "' (valid: hadamard, haar, none)");
 }
 
+RotationKind parse_kvarn_rotation(const std::string& name) {
+  if (name == "hadamard") return RotationKind::kHadamardFp16;
+  if (name == "hadamard_exact") return RotationKind::kHadamard;
+  if (name == "none") return RotationKind::kNone;
+  if (name == "haar") return RotationKind::kHaar;
+  fail("unknown rotation '", name, "' (valid: hadamard, hadamard_exact, haar, none)");
+}
+
+std::string kvarn_rotation_name(RotationKind kind) {
+  if (kind == RotationKind::kHadamardFp16) return "hadamard";
+  if (kind == RotationKind::kHadamard) return "hadamard_exact";
+  return to_string(kind);
+}
+
 bool is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+std::uint16_t hadamard_fp16_scale_bits(int dim) {
+  return float_to_half_bits(static_cast<float>(1.0 / std::sqrt(static_cast<double>(dim))));
+}
+
+float hadamard_fp16_entry(int dim) { return half_bits_to_float(hadamard_fp16_scale_bits(dim)); }
 
 namespace {
 
@@ -158,6 +183,12 @@ Rotation::Rotation(RotationKind kind, int dim, std::uint64_t seed)
                 " (supported: 2^m, 12*2^m, 20*2^m, 28*2^m, e.g. 64, 80, 96, 112, 128, 192, 256)");
     dense_ = small_hadamard(k_);
     scale_ = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dim)));
+  } else if (kind == RotationKind::kHadamardFp16) {
+    KVARN_CHECK(split_dim(dim, &k_, &p_) && dim <= kHadamardFp16MaxDim,
+                "fp16 Hadamard rotation does not support head_dim ", dim, " (supported up to ",
+                kHadamardFp16MaxDim, ": 2^m, 12*2^m, 20*2^m, 28*2^m)");
+    dense_ = small_hadamard(k_);
+    scale_ = hadamard_fp16_entry(dim);
   } else if (kind == RotationKind::kHaar) {
     // Gaussian matrix from a portable generator; QR in double; Q * diag(sign(diag(R))) is Haar.
     Rng rng(seed);
@@ -172,35 +203,160 @@ Rotation::Rotation(RotationKind kind, int dim, std::uint64_t seed)
     }
     dense_.resize(static_cast<size_t>(dim) * dim);
     for (int i = 0; i < dim; ++i)
-      for (int j = 0; j < dim; ++j) dense_[static_cast<size_t>(i) * dim + j] = static_cast<float>(q(i, j));
+      for (int j = 0; j < dim; ++j)
+        dense_[static_cast<size_t>(i) * dim + j] = static_cast<float>(q(i, j));
   }
 }
 
-void Rotation::forward(float* x, int rows) const { apply(x, rows, false); }
-
 namespace {
-KVARN_SIMD_CLONES void fwht_columns(float* xt, int d, int n, float scale) {
+// Butterflies of the FWHT along the d rows of xt [d, n]: each row of n values is one step of n
+// independent transforms, so the inner loop vectorizes. Inlined into each SIMD clone.
+template <typename T>
+[[gnu::always_inline]] inline void butterflies(T* xt, int d, int n) {
   for (int h = 1; h < d; h <<= 1) {
     for (int i = 0; i < d; i += 2 * h) {
       for (int j = i; j < i + h; ++j) {
-        float* a = xt + static_cast<size_t>(j) * n;
-        float* b = xt + static_cast<size_t>(j + h) * n;
+        T* a = xt + static_cast<size_t>(j) * n;
+        T* b = xt + static_cast<size_t>(j + h) * n;
         for (int c = 0; c < n; ++c) {
-          const float x = a[c], y = b[c];
+          const T x = a[c], y = b[c];
           a[c] = x + y;
           b[c] = x - y;
         }
       }
     }
   }
+}
+
+KVARN_SIMD_CLONES void fwht_columns(float* xt, int d, int n, float scale) {
+  butterflies(xt, d, n);
   for (size_t i = 0; i < static_cast<size_t>(d) * n; ++i) xt[i] *= scale;
+}
+
+// The same butterflies in double on fp16 values: exact (every partial sum is a multiple of 2^-24
+// below 2^51 * 2^-24 for D <= 2048, within double's 53 bits), so the order does not matter.
+KVARN_SIMD_CLONES void fwht_columns_exact(double* xt, int d, int n) { butterflies(xt, d, n); }
+
+// fp16 inputs (rounded in place) -> exact doubles; false if one is beyond the fp16 range.
+KVARN_SIMD_CLONES bool load_fp16_exact(float* x, std::size_t n, double* out) {
+  round_to_half_inplace(x, n);
+  std::uint32_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    bad |= (float_bits(x[i]) & 0x7fffffffu) > 0x477fe000u;  // beyond 65504: inf (or NaN)
+    out[i] = static_cast<double>(x[i]);
+  }
+  return bad == 0;
+}
+
+// out = c * s rounded to odd in fp32 (hadamard_fp16.hpp). Fast path: |s| < 2^18 makes p = s * c
+// exact in double (42 + 11 significant bits); round-to-odd of p is its truncation to fp32 with
+// the last bit set when bits were dropped (the odd one of the two neighbours), done on the bits
+// (p is 0 or within the fp32 normal range). Returns false when some |s| is larger (those elements
+// are then redone by the int64 path).
+KVARN_SIMD_CLONES bool scale_round_odd_fast(const double* s, std::size_t n, double cd, float* out) {
+  std::uint64_t big = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t b = double_bits(s[i] * cd);
+    const std::uint64_t mag = b & 0x7fffffffffffffffull;
+    const std::uint64_t trunc = (mag >> 29) - (std::uint64_t{896} << 23);  // rebias 1023 -> 127
+    const std::uint64_t odd = (mag & 0x1fffffffull) != 0 ? 1u : 0u;
+    const std::uint64_t f = ((b >> 32) & 0x80000000u) | (trunc | odd);
+    out[i] = bits_float(mag == 0 ? 0u : static_cast<std::uint32_t>(f));  // +-0 -> +0
+    big |= (double_bits(s[i]) & 0x7fffffffffffffffull) >= 0x4110000000000000ull ? 1u : 0u;
+  }
+  return big == 0;
+}
+
+void scale_round_odd(const double* s, std::size_t n, Fp16Scale c, double cd, float* out) {
+  if (scale_round_odd_fast(s, n, cd, out)) return;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (std::fabs(s[i]) >= 262144.0)
+      out[i] = hadamard_fp16_scale(static_cast<std::int64_t>(s[i] * 16777216.0), c);
+  }
+}
+
+// Rows of a [d, n] channel-major block are channels, columns are vectors (rows of the caller).
+// row0: row number of column 0 in the caller's rows (for the message).
+[[noreturn]] void fail_fp16_range(const char* what, float value, std::size_t i, int n, int row0) {
+  fail("fp16 rotation: ", what, " ", value, " at row ", row0 + static_cast<int>(i % n),
+       ", channel ", i / n,
+       " is beyond the fp16 range (|x| <= 65504): the rotated fp16 cache cannot hold it (the "
+       "published fp16 pipeline would store inf and produce NaN)");
+}
+
+// Rounds xt [d, n] to fp16 in place; throws on a value that would round to +-inf (or NaN).
+KVARN_SIMD_CLONES bool all_below_fp16_overflow(const float* x, std::size_t n) {
+  std::uint32_t bad = 0;  // |x| >= 65520 (rounds to inf) or NaN, on the bits: vectorizes
+  for (std::size_t i = 0; i < n; ++i) bad |= (float_bits(x[i]) & 0x7fffffffu) >= 0x477ff000u;
+  return bad == 0;
+}
+
+void round_columns_to_fp16(float* xt, int d, int n, int row0) {
+  const std::size_t total = static_cast<std::size_t>(d) * n;
+  if (!all_below_fp16_overflow(xt, total)) {
+    for (std::size_t i = 0; i < total; ++i)
+      if (!(std::fabs(xt[i]) < 65520.0f)) fail_fp16_range("rotated value", xt[i], i, n, row0);
+  }
+  round_to_half_inplace(xt, total);
+}
+
+// Rows [rows, d] <-> channel-major [d, rows] around a column operation.
+template <typename Op>
+void on_columns(float* x, int rows, int d, Op op) {
+  thread_local std::vector<float> cols;
+  constexpr int kBlock = 64;  // rows per block: the block stays in L1/L2
+  for (int r0 = 0; r0 < rows; r0 += kBlock) {
+    const int nb = std::min(kBlock, rows - r0);
+    float* blk = x + static_cast<std::size_t>(r0) * d;
+    cols.resize(static_cast<std::size_t>(d) * nb);
+    transpose(blk, nb, d, cols.data());
+    op(cols.data(), nb, r0);
+    transpose(cols.data(), d, nb, blk);
+  }
 }
 }  // namespace
 
-void Rotation::forward_columns(float* xt, int n) const {
+void Rotation::hadamard_fp16_columns(float* xt, int n, int row0) const {
+  const int d = dim_;
+  const std::size_t total = static_cast<std::size_t>(d) * n;
+  thread_local std::vector<double> acc;
+  acc.resize(total);
+  if (!load_fp16_exact(xt, total, acc.data())) {
+    for (std::size_t i = 0; i < total; ++i)
+      if (!(std::fabs(xt[i]) <= 65504.0f)) fail_fp16_range("input value", xt[i], i, n, row0);
+  }
+  // X' = H_K^T X H_P on each column viewed as X[k_][p_]: FWHT of every block of p_ channels,
+  // then the H_K mix across blocks, all exact.
+  for (int a = 0; a < k_; ++a)
+    fwht_columns_exact(acc.data() + static_cast<std::size_t>(a) * p_ * n, p_, n);
+  if (k_ > 1) {
+    thread_local std::vector<double> mixed;
+    mixed.assign(total, 0.0);
+    const std::size_t block = static_cast<std::size_t>(p_) * n;
+    for (int a2 = 0; a2 < k_; ++a2)
+      for (int a = 0; a < k_; ++a) {
+        const double h = dense_[a * k_ + a2];
+        const double* in = acc.data() + a * block;
+        double* out = mixed.data() + a2 * block;
+        for (std::size_t i = 0; i < block; ++i) out[i] += h * in[i];  // h = +-1: exact
+      }
+    acc.swap(mixed);
+  }
+  const std::uint16_t cb = hadamard_fp16_scale_bits(d);
+  scale_round_odd(acc.data(), total, fp16_scale(cb), static_cast<double>(half_bits_to_float(cb)),
+                  xt);
+}
+
+void Rotation::forward_columns(float* xt, int n) const { columns(xt, n, 0); }
+
+void Rotation::columns(float* xt, int n, int row0) const {
   if (kind_ == RotationKind::kNone) return;
+  if (kind_ == RotationKind::kHadamardFp16) {
+    hadamard_fp16_columns(xt, n, row0);
+    return;
+  }
   if (kind_ == RotationKind::kHadamard && k_ == 1) {
-    fwht_columns(xt, dim_, n, scale_);
+    fwht_columns(xt, dim_, n, scale_);  // bit-identical to the row-wise FWHT
     return;
   }
   std::vector<float> rows(static_cast<size_t>(dim_) * n);
@@ -208,11 +364,34 @@ void Rotation::forward_columns(float* xt, int n) const {
   forward(rows.data(), n);
   transpose(rows.data(), n, dim_, xt);
 }
+
+void Rotation::forward_columns_fp16(float* xt, int n) const {
+  columns(xt, n, 0);
+  round_columns_to_fp16(xt, dim_, n, 0);
+}
+
+void Rotation::forward_fp16(float* x, int rows, int first_row) const {
+  on_columns(x, rows, dim_, [&](float* xt, int nb, int r0) {
+    columns(xt, nb, first_row + r0);
+    round_columns_to_fp16(xt, dim_, nb, first_row + r0);
+  });
+}
+
+void Rotation::forward(float* x, int rows) const { apply(x, rows, false); }
 void Rotation::inverse(float* x, int rows) const { apply(x, rows, true); }
 
 void Rotation::apply(float* x, int rows, bool transpose) const {
   const int d = dim_;
   if (kind_ == RotationKind::kNone) return;
+  if (kind_ == RotationKind::kHadamardFp16 && !transpose) {
+    on_columns(x, rows, d, [&](float* xt, int nb, int r0) { hadamard_fp16_columns(xt, nb, r0); });
+    return;
+  }
+  if ((kind_ == RotationKind::kHadamard || kind_ == RotationKind::kHadamardFp16) && k_ == 1) {
+    // Symmetric: forward == inverse. The butterflies of a block of rows run channel-major.
+    on_columns(x, rows, d, [&](float* xt, int nb, int) { fwht_columns(xt, d, nb, scale_); });
+    return;
+  }
   std::vector<float> tmp(d);
   if (kind_ == RotationKind::kHaar) {
     // forward: y_j = sum_i x_i R[i][j];  inverse: y_i = sum_j x_j R[i][j]

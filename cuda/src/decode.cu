@@ -200,13 +200,15 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
   if (p.format == DecodeFormat::kKvarn) {
     const KvarnConfig& c = p.kvarn;
     KVARN_CHECK(c.group == p.block_size, "paged_decode: block_size must equal the KVarN group");
-    KVARN_CHECK(c.rotation == RotationKind::kHadamard || c.rotation == RotationKind::kNone,
-                "paged_decode: rotation not supported on the GPU");
+    KVARN_CHECK(c.rotation != RotationKind::kHaar, "paged_decode: rotation not supported on the GPU");
     const KvarnRecordLayout lay = kvarn_record_layout(p.head_dim, c);
     KVARN_CHECK(lay.aligned % 16 == 0 && lay.s_col_k % 32 == 0 && lay.v_codes % 32 == 0,
                 "paged_decode: record layout not 16/32-byte aligned");
     a.record_bytes = static_cast<long long>(lay.aligned);
-    a.rot_scale = c.rotation == RotationKind::kHadamard
+    // The query and output rotations use the cache's matrix: +-fp16(1/sqrt(D)) by default.
+    a.rot_scale = c.rotation == RotationKind::kHadamardFp16
+                      ? hadamard_fp16_entry(p.head_dim)
+                  : c.rotation == RotationKind::kHadamard
                       ? static_cast<float>(1.0 / std::sqrt(double(p.head_dim)))
                       : 0.0f;
     a.fp8_scales = c.scales == ScaleStorage::kFp8E4M3 ? 1 : 0;

@@ -71,8 +71,8 @@ std::string paged_cache_unsupported(const PagedCacheConfig& c) {
   }
   const KvarnConfig& k = c.kvarn;
   if (!decode_group(k.group)) return cat("KVarN group ", k.group, " (decode takes 32, 64, 128)");
-  if (k.rotation != RotationKind::kHadamard && k.rotation != RotationKind::kNone)
-    return cat("KVarN rotation ", to_string(k.rotation), " (Hadamard or none)");
+  if (k.rotation == RotationKind::kHaar)
+    return cat("KVarN rotation ", kvarn_rotation_name(k.rotation), " (Hadamard or none)");
   if (k.rtn_quantile != 0.0f) return cat("KVarN RTN quantile ", k.rtn_quantile, " (0 only)");
   if (std::find(std::begin(kDecodePairs), std::end(kDecodePairs),
                 std::pair<int, int>{k.key_bits, k.value_bits}) == std::end(kDecodePairs))

@@ -1,6 +1,7 @@
 // KVarN store and append launchers. Compiled with --fmad=false (bit-identity with the CPU).
 #include <cmath>
 
+#include "kvarn/core/hadamard_fp16.hpp"
 #include "kvarn/core/kvarn.hpp"
 #include "kvarn/core/rotation.hpp"
 #include "kvarn/cuda/api.hpp"
@@ -12,9 +13,15 @@ namespace kvarn::cuda {
 namespace {
 float hadamard_scale(int d) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(d))); }
 
+// StoreArgs::hadamard: 0 none, 1 exact-scale fp32 FWHT, 2 the published fp16 matrix.
+int rotation_mode(RotationKind r) {
+  return r == RotationKind::kHadamardFp16 ? 2 : r == RotationKind::kHadamard ? 1 : 0;
+}
+
 void check_config(const KvarnConfig& cfg, int head_dim) {
-  KVARN_CHECK(cfg.rotation == RotationKind::kHadamard || cfg.rotation == RotationKind::kNone,
-              "kvarn_cuda: rotation ", to_string(cfg.rotation), " not supported on the GPU");
+  KVARN_CHECK(cfg.rotation == RotationKind::kHadamardFp16 ||
+                  cfg.rotation == RotationKind::kHadamard || cfg.rotation == RotationKind::kNone,
+              "kvarn_cuda: rotation ", kvarn_rotation_name(cfg.rotation), " not supported on the GPU");
   KVARN_CHECK(head_dim == 64 || head_dim == 128, "kvarn_cuda: head_dim ", head_dim,
               " not supported (64, 128)");
   KVARN_CHECK(cfg.rtn_quantile == 0.0f, "kvarn_cuda: RTN quantile must be 0 on the GPU");
@@ -50,8 +57,10 @@ void kvarn_store(const KvarnConfig& cfg, int head_dim, const StoreTiles& t, cuda
   a.key_bits = cfg.key_bits;
   a.value_bits = cfg.value_bits;
   a.fp8_scales = cfg.scales == ScaleStorage::kFp8E4M3 ? 1 : 0;
-  a.hadamard = cfg.rotation == RotationKind::kHadamard ? 1 : 0;
+  a.hadamard = rotation_mode(cfg.rotation);
   a.rot_scale = hadamard_scale(head_dim);
+  a.rot_c = fp16_scale(hadamard_fp16_scale_bits(head_dim));
+  a.overflow = t.overflow;
   a.iters = cfg.varn.iters;
   a.std_min = cfg.varn.std_min;
   a.std_max = cfg.varn.std_max;
@@ -84,11 +93,14 @@ void kvarn_append(const KvarnConfig& cfg, int head_dim, int num_tokens, int num_
                   std::uint16_t* k_pool, std::uint16_t* v_pool, cudaStream_t stream) {
   check_config(cfg, head_dim);
   if (num_tokens == 0) return;
-  AppendArgs a{k, v, pool_pos, k_pool, v_pool, num_heads, cfg.group,
-               cfg.rotation == RotationKind::kHadamard ? 1 : 0, hadamard_scale(head_dim)};
+  AppendArgs a{k,         v,         pool_pos,
+               k_pool,    v_pool,    num_heads,
+               cfg.group, rotation_mode(cfg.rotation), hadamard_scale(head_dim),
+               fp16_scale(hadamard_fp16_scale_bits(head_dim))};
+  const bool exact = a.hadamard == 2;
   DISPATCH_HEAD_DIM(head_dim, kD, {
-    const int smem = 2 * num_heads * kD * 4;
-    auto kernel = kvarn_append_kernel<kD>;
+    const int smem = 2 * num_heads * kD * (exact ? 8 : 4);
+    auto kernel = exact ? kvarn_append_kernel<kD, long long> : kvarn_append_kernel<kD, float>;
     KVARN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     kernel<<<num_tokens, 128, smem, stream>>>(a);

@@ -322,7 +322,13 @@ json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& ar
           for (int h : heads) {
             Matrix k = reader.read(s, "k", li, h).topRows(T);
             Matrix v = reader.read(s, "v", li, h).topRows(T);
-            SequenceResult q = quantize_sequence(*method, k, v, ctx);
+            SequenceResult q;
+            try {
+              q = quantize_sequence(*method, k, v, ctx);
+            } catch (const Error& e) {  // e.g. values the method cannot hold: name the slab
+              fail(t.resolved.string(), ": /sequences/", si.name, "/k,v [layer ", li, ", head ", h,
+                   "]: ", cs.name, ": ", e.what());
+            }
             part.stored_bytes += q.stored_bytes;
             part.fp16_bytes += 4ull * static_cast<std::size_t>(T) * info.head_dim;
             if (ms.reconstruction) {

@@ -10,7 +10,10 @@
 #include "cuda_test_util.hpp"
 #include "kvarn/core/kvarn.hpp"
 #include "kvarn/core/portable_math.hpp"
+#include "kvarn/core/registry.hpp"
 #include "kvarn/core/rng.hpp"
+#include "kvarn/data/error.hpp"
+#include "kvarn/data/tile_file.hpp"
 
 namespace kvarn {
 namespace {
@@ -36,10 +39,58 @@ void add_zeros(std::vector<std::uint16_t>& rows, std::size_t row_elems) {
   }
 }
 
+// Runs the store on rows [blocks, G, heads, D] (fp16 bits) and counts tiles whose record bytes
+// differ from kvarn_encode_record (printing the differing byte count).
+std::size_t store_mismatched_tiles(const KvarnConfig& cfg, int d, int g, int heads, int blocks,
+                                   const std::vector<std::uint16_t>& k,
+                                   const std::vector<std::uint16_t>& v) {
+  const KvarnRecordLayout lay = kvarn_record_layout(d, cfg);
+  DeviceBuffer<std::uint16_t> dk(k), dv(v);
+  DeviceBuffer<std::uint8_t> rec(static_cast<std::size_t>(blocks) * heads * lay.aligned);
+  DeviceBuffer<int> overflow(std::vector<int>{0});
+  rec.fill_bytes(0xA5);  // poison: every byte must be written
+  cuda::StoreTiles t;
+  t.k = dk.get();
+  t.v = dv.get();
+  t.num_tiles = blocks * heads;
+  t.num_heads = heads;
+  t.row_stride = static_cast<long long>(heads) * d;
+  t.head_stride = d;
+  t.block_stride = static_cast<long long>(g) * heads * d;
+  t.records = rec.get();
+  t.overflow = overflow.get();
+  cuda::kvarn_store(cfg, d, t);
+  KVARN_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto got = rec.download();
+  EXPECT_EQ(overflow.download()[0], 0);
+  const Rotation rot(cfg.rotation, d, 0);
+  std::size_t bad_tiles = 0, bad_bytes = 0;
+  for (int bl = 0; bl < blocks; ++bl) {
+    for (int h = 0; h < heads; ++h) {
+      std::vector<float> kr(static_cast<std::size_t>(g) * d), vr(kr.size());
+      for (int r = 0; r < g; ++r)
+        for (int x = 0; x < d; ++x) {
+          const std::size_t src = ((static_cast<std::size_t>(bl) * g + r) * heads + h) * d + x;
+          kr[static_cast<std::size_t>(r) * d + x] = half_bits_to_float(k[src]);
+          vr[static_cast<std::size_t>(r) * d + x] = half_bits_to_float(v[src]);
+        }
+      const auto want = kvarn_encode_record(cfg, rot, kr.data(), vr.data());
+      const std::uint8_t* g0 =
+          got.data() + (static_cast<std::size_t>(bl) * heads + h) * lay.aligned;
+      std::size_t diff = 0;
+      for (std::size_t i = 0; i < lay.aligned; ++i) diff += g0[i] != want[i];
+      bad_bytes += diff;
+      bad_tiles += diff != 0;
+    }
+  }
+  if (bad_tiles) ADD_FAILURE() << bad_bytes << " differing bytes of " << got.size();
+  return bad_tiles;
+}
+
 struct StoreCase {
   int kb, vb, g, d;
   bool fp8 = false;
-  RotationKind rot = RotationKind::kHadamard;
+  RotationKind rot = RotationKind::kHadamardFp16;  // the default (published fp16 matrix)
   int iters = 8;
   bool zeros = false;
 };
@@ -47,8 +98,10 @@ struct StoreCase {
 std::string case_name(const StoreCase& c) {
   std::ostringstream o;
   o << "k" << c.kb << "v" << c.vb << "_g" << c.g << "_d" << c.d << (c.fp8 ? "_fp8" : "")
-    << (c.rot == RotationKind::kNone ? "_norot" : "") << "_it" << c.iters
-    << (c.zeros ? "_zeros" : "");
+    << (c.rot == RotationKind::kNone       ? "_norot"
+        : c.rot == RotationKind::kHadamard ? "_exact"
+                                           : "")
+    << "_it" << c.iters << (c.zeros ? "_zeros" : "");
   return o.str();
 }
 
@@ -65,7 +118,6 @@ TEST_P(StoreBitIdentity, RecordBytesMatchCpu) {
   cfg.varn.iters = c.iters;
   cfg.scales = c.fp8 ? ScaleStorage::kFp8E4M3 : ScaleStorage::kFp16;
   const int d = c.d, g = c.g, heads = 2, blocks = 3;
-  const KvarnRecordLayout lay = kvarn_record_layout(d, cfg);
   Rng rng(1234 + c.kb * 100 + c.vb * 10 + g + d);
   // input layout [blocks, G, heads, D]
   auto k = make_rows(rng, static_cast<std::size_t>(blocks) * g, heads, d, true);
@@ -74,42 +126,7 @@ TEST_P(StoreBitIdentity, RecordBytesMatchCpu) {
     add_zeros(k, static_cast<std::size_t>(heads) * d);
     add_zeros(v, static_cast<std::size_t>(heads) * d);
   }
-  DeviceBuffer<std::uint16_t> dk(k), dv(v);
-  DeviceBuffer<std::uint8_t> rec(static_cast<std::size_t>(blocks) * heads * lay.aligned);
-  rec.fill_bytes(0xA5);  // poison: every byte must be written
-  cuda::StoreTiles t;
-  t.k = dk.get();
-  t.v = dv.get();
-  t.num_tiles = blocks * heads;
-  t.num_heads = heads;
-  t.row_stride = static_cast<long long>(heads) * d;
-  t.head_stride = d;
-  t.block_stride = static_cast<long long>(g) * heads * d;
-  t.records = rec.get();
-  cuda::kvarn_store(cfg, d, t);
-  KVARN_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto got = rec.download();
-  const Rotation rot(cfg.rotation, d, 0);
-  std::size_t bad_tiles = 0, bad_bytes = 0;
-  for (int bl = 0; bl < blocks; ++bl) {
-    for (int h = 0; h < heads; ++h) {
-      std::vector<float> kr(static_cast<std::size_t>(g) * d), vr(kr.size());
-      for (int r = 0; r < g; ++r)
-        for (int x = 0; x < d; ++x) {
-          const std::size_t src = ((static_cast<std::size_t>(bl) * g + r) * heads + h) * d + x;
-          kr[static_cast<std::size_t>(r) * d + x] = half_bits_to_float(k[src]);
-          vr[static_cast<std::size_t>(r) * d + x] = half_bits_to_float(v[src]);
-        }
-      const auto want = kvarn_encode_record(cfg, rot, kr.data(), vr.data());
-      const std::uint8_t* g0 = got.data() + (static_cast<std::size_t>(bl) * heads + h) * lay.aligned;
-      std::size_t diff = 0;
-      for (std::size_t i = 0; i < lay.aligned; ++i) diff += g0[i] != want[i];
-      bad_bytes += diff;
-      bad_tiles += diff != 0;
-    }
-  }
-  EXPECT_EQ(bad_tiles, 0u) << case_name(c) << ": " << bad_bytes << " differing bytes of "
-                           << got.size();
+  EXPECT_EQ(store_mismatched_tiles(cfg, d, g, heads, blocks, k, v), 0u) << case_name(c);
 }
 
 std::vector<StoreCase> store_cases() {
@@ -120,8 +137,13 @@ std::vector<StoreCase> store_cases() {
   v.push_back({4, 2, 128, 128, true});
   v.push_back({4, 2, 128, 128, false, RotationKind::kNone});
   v.push_back({1, 5, 64, 128});
-  v.push_back({4, 2, 128, 128, false, RotationKind::kHadamard, 0});
-  v.push_back({4, 2, 128, 128, false, RotationKind::kHadamard, 20});
+  v.push_back({4, 2, 128, 128, false, RotationKind::kHadamardFp16, 0});
+  v.push_back({4, 2, 128, 128, false, RotationKind::kHadamardFp16, 20});
+  v.push_back({4, 2, 128, 128, false, RotationKind::kHadamardFp16, 8, true});
+  // rotation=hadamard_exact (exact-scale fp32 FWHT)
+  for (int g : {32, 128, 256})
+    for (int d : {64, 128}) v.push_back({4, 2, g, d, false, RotationKind::kHadamard});
+  v.push_back({4, 2, 128, 128, true, RotationKind::kHadamard, 20});
   v.push_back({4, 2, 128, 128, false, RotationKind::kNone, 8, true});
   v.push_back({4, 4, 64, 64, false, RotationKind::kNone, 8, true});
   v.push_back({8, 8, 256, 128, true, RotationKind::kNone, 8, true});
@@ -132,9 +154,78 @@ std::vector<StoreCase> store_cases() {
 INSTANTIATE_TEST_SUITE_P(Cuda, StoreBitIdentity, ::testing::ValuesIn(store_cases()),
                          [](const auto& info) { return case_name(info.param); });
 
-TEST(CudaAppend, RotatedFp16RowsMatchCpu) {
+// Real KV at D 128 (fixture model) and D 64 (SmolLM2): every full tile of a few (layer, head)
+// slabs, both rotation modes.
+TEST(CudaStoreRealTiles, RecordBytesMatchCpu) {
+  KVARN_REQUIRE_GPU();
+  for (const char* file : {"fixture_heldout.h5", "smollm2_sample.h5"}) {
+    const TileReader reader(std::string(KVARN_SOURCE_DIR) + "/data/tiles/" + file);
+    const int d = reader.info().head_dim, layers = reader.info().num_captured_layers();
+    for (const char* spec :
+         {"kvarn_k4v2_g128", "kvarn:rotation=hadamard_exact", "kvarn_k4v4_g64"}) {
+      const KvarnConfig cfg = dynamic_cast<const KvarnMethod&>(*make_method(spec)).config();
+      const int g = cfg.group;
+      for (int s = 0; s < reader.num_sequences(); ++s)
+        for (int li : {0, layers - 1})
+          for (int h = 0; h < reader.info().num_kv_heads; ++h) {
+            const Matrix km = reader.read(s, "k", li, h), vm = reader.read(s, "v", li, h);
+            const int blocks = static_cast<int>(km.rows()) / g;
+            if (blocks == 0) continue;
+            std::vector<std::uint16_t> k(static_cast<std::size_t>(blocks) * g * d), v(k.size());
+            for (std::size_t i = 0; i < k.size(); ++i) {
+              k[i] = float_to_half_bits(km.data()[i]);
+              v[i] = float_to_half_bits(vm.data()[i]);
+            }
+            EXPECT_EQ(store_mismatched_tiles(cfg, d, g, 1, blocks, k, v), 0u)
+                << file << " " << spec << " seq " << s << " layer " << li << " head " << h;
+          }
+    }
+  }
+}
+
+// Tiles at the fp16 limit: the rotated values overflow fp16 (the CPU reference throws); the
+// store reports it through the overflow flag in both rotation modes, never without rotation.
+TEST(CudaStore, Fp16LimitTilesSetTheOverflowFlag) {
+  KVARN_REQUIRE_GPU();
+  const int d = 128, g = 128;
+  std::vector<std::uint16_t> rows(static_cast<std::size_t>(g) * d, float_to_half_bits(65504.0f));
+  rows[3 * d + 5] = float_to_half_bits(-65504.0f);
+  for (auto rot : {RotationKind::kHadamardFp16, RotationKind::kHadamard, RotationKind::kNone}) {
+    KvarnConfig cfg;
+    cfg.rotation = rot;
+    const KvarnRecordLayout lay = kvarn_record_layout(d, cfg);
+    DeviceBuffer<std::uint16_t> dk(rows), dv(rows);
+    DeviceBuffer<std::uint8_t> rec(lay.aligned);
+    DeviceBuffer<int> overflow(std::vector<int>{0});
+    cuda::StoreTiles t;
+    t.k = dk.get();
+    t.v = dv.get();
+    t.num_tiles = 1;
+    t.row_stride = d;
+    t.head_stride = d;
+    t.block_stride = static_cast<long long>(g) * d;
+    t.records = rec.get();
+    t.overflow = overflow.get();
+    cuda::kvarn_store(cfg, d, t);
+    KVARN_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(overflow.download()[0], rot == RotationKind::kNone ? 0 : 1) << to_string(rot);
+    const Rotation r(rot, d);
+    std::vector<float> x(rows.size());
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = half_bits_to_float(rows[i]);
+    if (rot == RotationKind::kNone) {
+      EXPECT_NO_THROW(kvarn_encode_record(cfg, r, x.data(), x.data()));
+    } else {
+      EXPECT_THROW(kvarn_encode_record(cfg, r, x.data(), x.data()), Error);
+    }
+  }
+}
+
+class CudaAppend : public ::testing::TestWithParam<RotationKind> {};
+
+TEST_P(CudaAppend, RotatedFp16RowsMatchCpu) {
   KVARN_REQUIRE_GPU();
   KvarnConfig cfg;
+  cfg.rotation = GetParam();
   const int d = 128, heads = 4, n = 37, g = cfg.group, slots = 3;
   Rng rng(77);
   auto k = make_rows(rng, n, heads, d, true);
@@ -150,7 +241,7 @@ TEST(CudaAppend, RotatedFp16RowsMatchCpu) {
   cuda::kvarn_append(cfg, d, n, heads, dk.get(), dv.get(), dpos.get(), kp.get(), vp.get());
   KVARN_CUDA_CHECK(cudaDeviceSynchronize());
   const auto hk = kp.download(), hv = vp.download();
-  const Rotation rot(RotationKind::kHadamard, d);
+  const Rotation rot(cfg.rotation, d);
   std::size_t bad = 0;
   for (int i = 0; i < n; ++i)
     for (int h = 0; h < heads; ++h)
@@ -159,7 +250,7 @@ TEST(CudaAppend, RotatedFp16RowsMatchCpu) {
         const auto& src = s == 0 ? k : v;
         for (int x = 0; x < d; ++x)
           row[x] = half_bits_to_float(src[(static_cast<std::size_t>(i) * heads + h) * d + x]);
-        rot.forward(row.data(), 1);
+        rot.forward_fp16(row.data(), 1);
         const long long slot = pos[i] / g, off = pos[i] % g;
         const auto& pool = s == 0 ? hk : hv;
         for (int x = 0; x < d; ++x)
@@ -167,6 +258,11 @@ TEST(CudaAppend, RotatedFp16RowsMatchCpu) {
       }
   EXPECT_EQ(bad, 0u);
 }
+
+INSTANTIATE_TEST_SUITE_P(Rotations, CudaAppend,
+                         ::testing::Values(RotationKind::kHadamardFp16, RotationKind::kHadamard,
+                                           RotationKind::kNone),
+                         [](const auto& info) { return to_string(info.param); });
 
 }  // namespace
 }  // namespace kvarn

@@ -1,6 +1,6 @@
 // KVarN reference (upstream vLLM fork, kvarn-upstream.md section 3), one tile of G tokens x D
 // channels of one (layer, KV head):
-//   rotate along D (fp32 FWHT, then rounded to fp16 as the upstream fp16 pool does)
+//   rotate along D (default: the published fp16 matrix, rotation.hpp; rotated values are fp16)
 //   -> orient: K tile [D, G] (rows = channels), V tile [G, D] (rows = tokens)
 //   -> variance_normalize (varn.hpp) -> RTN per row (rtn.hpp) -> scale absorption -> pack
 //
@@ -38,7 +38,7 @@ struct KvarnConfig {
   int value_bits = 2;
   int group = 128;
   VarnParams varn;  // iters default 8
-  RotationKind rotation = RotationKind::kHadamard;
+  RotationKind rotation = RotationKind::kHadamardFp16;  // "hadamard": the published fp16 matrix
   std::uint64_t rotation_seed = 0;
   float rtn_quantile = 0.0f;
   ScaleStorage scales = ScaleStorage::kFp16;

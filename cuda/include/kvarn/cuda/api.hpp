@@ -28,6 +28,8 @@ struct StoreTiles {
   long long block_stride = 0, head_stride = 0, row_stride = 0;  // in elements
   const int* dst_block = nullptr;  // [num_tiles / num_heads] cache block per input block
   std::uint8_t* records = nullptr;  // [num_blocks, num_heads, record_bytes]
+  int* overflow = nullptr;  // optional device int, set to 1 when a rotated value is beyond the
+                            // fp16 range (the CPU reference rejects such tiles)
 };
 // Throws unless the config is supported on the GPU (Hadamard power-of-two or no rotation,
 // D in {64, 128}, G in {32, 64, 128, 256}, quantile 0).

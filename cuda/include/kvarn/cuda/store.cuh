@@ -21,6 +21,11 @@
 //   first index among equal values, as the sequential std::min/std::max scan), RNE rounding,
 //   compiled with --fmad=false. Five barriers per VarN iteration.
 //
+// Rotation (hadamard = 2, the default): the published fp16 matrix computed exactly as on the CPU
+//   (hadamard_fp16.hpp): int64 butterflies over half the tile's tokens at a time (D * G/2 int64
+//   fit in the fp32 buffer), then one correct rounding per element straight into x. A value
+//   beyond the fp16 range (which the CPU reference rejects) sets *overflow.
+//
 // Append: grid (num_tokens), rows [num_tokens, num_heads, D] fp16 -> rotated fp16 rows into
 //   pool[(slot * num_heads + head) * G + offset][D], slot/offset = pool_pos[token] / % G.
 #ifndef KVARN_CUDA_STORE_CUH_
@@ -30,6 +35,7 @@
 
 #include <cstdint>
 
+#include "kvarn/core/hadamard_fp16.hpp"
 #include "kvarn/core/pack.hpp"
 #include "kvarn/core/portable_math.hpp"
 #include "kvarn/core/reduce.hpp"
@@ -47,8 +53,10 @@ struct StoreArgs {
   long long record_bytes;
   int key_bits, value_bits;
   int fp8_scales;
-  int hadamard;
-  float rot_scale;
+  int hadamard;     // 0 none, 1 exact-scale fp32 FWHT (rot_scale), 2 published fp16 matrix (rot_c)
+  float rot_scale;  // 1/sqrt(D)
+  Fp16Scale rot_c;  // fp16(1/sqrt(D)) as m * 2^e
+  int* overflow;    // optional: set to 1 when a rotated value is beyond the fp16 range
   int iters;
   float std_min, std_max, log_min, log_max, floor;
   // record layout (byte offsets)
@@ -101,6 +109,41 @@ constexpr float kInf = __builtin_huge_valf();
 // fp16 bits -> float by the hardware conversion (exact for every fp16 value, subnormals too).
 __device__ __forceinline__ float h2f(std::uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
+// The published fp16 rotation of one oriented tile into x (fp16 bits, pitch LD), exactly as
+// Rotation(kHadamardFp16): acc holds D x G/2 int64 (token-half h: acc[d * G/2 + g - h * G/2]).
+template <int D, int G, bool IS_KEY, int T, int LD>
+__device__ __forceinline__ void rotate_fp16_exact(const StoreArgs& a, const std::uint16_t* in,
+                                                  long long* acc, std::uint16_t* xh) {
+  constexpr int GH = G / 2;
+  const int tid = threadIdx.x;
+  for (int half = 0; half < 2; ++half) {
+    for (int i = tid; i < GH * D; i += T) {
+      const int gl = i / D, d = i % D;
+      const std::uint16_t x = in[(half * GH + gl) * a.row_stride + d];
+      if ((x & 0x7c00u) == 0x7c00u && a.overflow) atomicExch(a.overflow, 1);
+      acc[d * GH + gl] = half_to_fixed24(x);
+    }
+    __syncthreads();
+    for (int h = 1; h < D; h <<= 1) {
+      for (int p = tid; p < GH * D / 2; p += T) {
+        const int gl = p % GH, q = p / GH;
+        long long* u = acc + ((q / h) * 2 * h + q % h) * GH + gl;
+        const long long x0 = u[0], x1 = u[h * GH];
+        u[0] = x0 + x1;
+        u[h * GH] = x0 - x1;
+      }
+      __syncthreads();
+    }
+    for (int i = tid; i < GH * D; i += T) {
+      const int d = i / GH, g = half * GH + i % GH;
+      const std::uint16_t hb = float_to_half_bits(hadamard_fp16_scale(acc[i], a.rot_c));
+      if ((hb & 0x7c00u) == 0x7c00u && a.overflow) atomicExch(a.overflow, 1);
+      xh[IS_KEY ? d * LD + g : g * LD + d] = hb;
+    }
+    __syncthreads();
+  }
+}
+
 // One stream of one tile: oriented R x C, T threads, F floats per [R][C + 8] buffer.
 template <int D, int G, int R, int C, bool IS_KEY, int T, int F>
 __device__ __forceinline__ void store_stream(const StoreArgs& a, float* smem) {
@@ -129,43 +172,49 @@ __device__ __forceinline__ void store_stream(const StoreArgs& a, float* smem) {
       (IS_KEY ? a.k : a.v) + blk * a.block_stride + head * a.head_stride;
 
   // ---- load, rotate (FWHT along d), round to fp16 ----
-  for (int i = tid; i < G * D; i += T) {
-    const int g = i / D, d = i % D;
-    const float v = half_bits_to_float(in[g * a.row_stride + d]);
-    if (IS_KEY) {
-      cur[d * LD + g] = v;
-    } else {
-      cur[g * LD + d] = v;
-    }
-  }
-  __syncthreads();
-  if (a.hadamard) {
-    for (int h = 1; h < D; h <<= 1) {
-      for (int p = tid; p < G * D / 2; p += T) {
-        int g, q;
-        if (IS_KEY) {
-          g = p % G;
-          q = p / G;
-        } else {
-          q = p % (D / 2);
-          g = p / (D / 2);
-        }
-        const int jj = (q / h) * 2 * h + q % h;
-        float* u = IS_KEY ? cur + jj * LD + g : cur + g * LD + jj;
-        const int step = IS_KEY ? h * LD : h;
-        const float x0 = u[0], x1 = u[step];
-        u[0] = x0 + x1;
-        u[step] = x0 - x1;
+  if (a.hadamard == 2) {
+    rotate_fp16_exact<D, G, IS_KEY, T, LD>(a, in, reinterpret_cast<long long*>(cur), xh);
+  } else {
+    for (int i = tid; i < G * D; i += T) {
+      const int g = i / D, d = i % D;
+      const float v = half_bits_to_float(in[g * a.row_stride + d]);
+      if (IS_KEY) {
+        cur[d * LD + g] = v;
+      } else {
+        cur[g * LD + d] = v;
       }
-      __syncthreads();
     }
+    __syncthreads();
+    if (a.hadamard) {
+      for (int h = 1; h < D; h <<= 1) {
+        for (int p = tid; p < G * D / 2; p += T) {
+          int g, q;
+          if (IS_KEY) {
+            g = p % G;
+            q = p / G;
+          } else {
+            q = p % (D / 2);
+            g = p / (D / 2);
+          }
+          const int jj = (q / h) * 2 * h + q % h;
+          float* u = IS_KEY ? cur + jj * LD + g : cur + g * LD + jj;
+          const int step = IS_KEY ? h * LD : h;
+          const float x0 = u[0], x1 = u[step];
+          u[0] = x0 + x1;
+          u[step] = x0 - x1;
+        }
+        __syncthreads();
+      }
+    }
+    for (int i = tid; i < R * C; i += T) {
+      const int r = i / C, c = i % C;
+      const float v = cur[r * LD + c];
+      const std::uint16_t hb = float_to_half_bits(a.hadamard ? v * a.rot_scale : v);
+      if ((hb & 0x7c00u) == 0x7c00u && a.overflow) atomicExch(a.overflow, 1);
+      xh[r * LD + c] = hb;
+    }
+    __syncthreads();
   }
-  for (int i = tid; i < R * C; i += T) {
-    const int r = i / C, c = i % C;
-    const float v = cur[r * LD + c];
-    xh[r * LD + c] = float_to_half_bits(a.hadamard ? v * a.rot_scale : v);
-  }
-  __syncthreads();
 
   // ---- VarN: iteration 0 = the initial statistics (scales 1) ----
   // Per iteration: [R1 a = x / s_col, stds of a / s_row -> tmp_r] | [R2 new s_row, one thread
@@ -445,18 +494,26 @@ struct AppendArgs {
   const long long* pool_pos;  // [n]: slot * G + offset
   std::uint16_t* k_pool;      // [slots, H, G, D]
   std::uint16_t* v_pool;
-  int num_heads, group, hadamard;
+  int num_heads, group, hadamard;  // hadamard as StoreArgs
   float rot_scale;
+  Fp16Scale rot_c;
 };
 
-template <int D>
+// Acc: float (no rotation / exact-scale FWHT) or long long (the published fp16 matrix, exact).
+template <int D, typename Acc>
 __global__ void __launch_bounds__(128) kvarn_append_kernel(AppendArgs a) {
-  extern __shared__ float buf[];  // [2][H][D]
+  extern __shared__ float smem_append[];
+  Acc* buf = reinterpret_cast<Acc*>(smem_append);  // [2][H][D]
+  constexpr bool kExact = sizeof(Acc) == 8;
   const int tok = blockIdx.x, H = a.num_heads, n = 2 * H * D;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const int s = i / (H * D), rest = i % (H * D);
     const std::uint16_t* src = (s == 0 ? a.k : a.v) + static_cast<long long>(tok) * H * D;
-    buf[i] = half_bits_to_float(src[rest]);
+    if constexpr (kExact) {
+      buf[i] = half_to_fixed24(src[rest]);
+    } else {
+      buf[i] = half_bits_to_float(src[rest]);
+    }
   }
   __syncthreads();
   if (a.hadamard) {
@@ -464,7 +521,7 @@ __global__ void __launch_bounds__(128) kvarn_append_kernel(AppendArgs a) {
       for (int p = threadIdx.x; p < n / 2; p += blockDim.x) {
         const int row = p / (D / 2), q = p % (D / 2);
         const int j = row * D + (q / h) * 2 * h + q % h;
-        const float u = buf[j], w = buf[j + h];
+        const Acc u = buf[j], w = buf[j + h];
         buf[j] = u + w;
         buf[j + h] = u - w;
       }
@@ -475,9 +532,14 @@ __global__ void __launch_bounds__(128) kvarn_append_kernel(AppendArgs a) {
   const long long slot = pos / a.group, off = pos % a.group;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const int s = i / (H * D), rest = i % (H * D), head = rest / D, d = rest % D;
-    const float val = a.hadamard ? buf[i] * a.rot_scale : buf[i];
+    std::uint16_t hb;
+    if constexpr (kExact) {
+      hb = float_to_half_bits(hadamard_fp16_scale(buf[i], a.rot_c));
+    } else {
+      hb = float_to_half_bits(a.hadamard ? buf[i] * a.rot_scale : buf[i]);
+    }
     std::uint16_t* dst = s == 0 ? a.k_pool : a.v_pool;
-    dst[((slot * H + head) * a.group + off) * D + d] = float_to_half_bits(val);
+    dst[((slot * H + head) * a.group + off) * D + d] = hb;
   }
 }
 
