@@ -9,7 +9,10 @@ round-trip repr). Usage:
   make_quantized_reference.py OUT.json COMMIT TILES 'SPEC=Q.h5' ...
 
 where each Q.h5 was written by `kvarn-eval quantize --method SPEC --in TILES --out Q.h5`
-(with the reconstructions: `--reconstruction` where the option exists).
+(with the reconstructions: `--reconstruction` where the option exists). An entry may carry a
+`test_spec` added by hand: the spec that reproduces the entry's bytes in later versions, when the
+meaning of `spec` changed (the committed reference: KVarN's default rotation changed after the
+reference commit; `rotation=hadamard_exact` is the arithmetic the reference was made with).
 """
 import hashlib
 import json
