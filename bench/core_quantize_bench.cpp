@@ -2,6 +2,7 @@
 // says otherwise), 1 and 2 threads. Target: kvarn_k4v2_g128 >= 5,000 pairs/s on 2 cores.
 #include <benchmark/benchmark.h>
 
+#include <string>
 #include <vector>
 
 #include "kvarn/core/kvarn.hpp"
@@ -23,14 +24,18 @@ Matrix random_tile(int rows, int cols, std::uint64_t seed) {
   return m;
 }
 
-// The raw tile path: one K tile and one V tile into a record (what the store kernel does).
-void BM_KvarnTilePair(benchmark::State& state) {
+// The raw tile path: one K tile and one V tile into a record (what the store kernel does), with
+// the exact-scale fp32 FWHT (rotation=hadamard_exact) as since the first version of this
+// benchmark; BM_KvarnTilePairFp16Rotation: the same with KVarN's default rotation (the published
+// fp16 matrix), the tile path of `kvarn_k4v2_g128`.
+void tile_pair(benchmark::State& state, kvarn::RotationKind rotation) {
   const int d = 128, g = static_cast<int>(state.range(0));
   kvarn::KvarnConfig cfg;
   cfg.key_bits = 4;
   cfg.value_bits = static_cast<int>(state.range(1));
   cfg.group = g;
-  kvarn::Rotation rot(kvarn::RotationKind::kHadamard, d);
+  cfg.rotation = rotation;
+  kvarn::Rotation rot(rotation, d);
   Matrix k = random_tile(g, d, 1 + state.thread_index()), v = random_tile(g, d, 100 + state.thread_index());
   for (auto _ : state) {
     auto rec = kvarn::kvarn_encode_record(cfg, rot, k.data(), v.data());
@@ -39,6 +44,11 @@ void BM_KvarnTilePair(benchmark::State& state) {
   state.counters["tile_pairs_per_s"] =
       benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
+void BM_KvarnTilePair(benchmark::State& state) { tile_pair(state, kvarn::RotationKind::kHadamard); }
+void BM_KvarnTilePairFp16Rotation(benchmark::State& state) {
+  tile_pair(state, kvarn::RotationKind::kHadamardFp16);
+}
+BENCHMARK(BM_KvarnTilePairFp16Rotation)->Args({128, 2})->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK(BM_KvarnTilePair)->Args({128, 2})->Args({128, 4})->Args({64, 2})->Threads(1)->Threads(2)->UseRealTime();
 
 // Any registry method through the generic cache path: a sequence of 128 sink tokens + 8 tiles;
@@ -56,9 +66,13 @@ void BM_MethodSequence(benchmark::State& state, const char* name) {
 }
 
 void register_all() {
-  for (const auto& p : kvarn::Registry::instance().presets()) {
-    benchmark::RegisterBenchmark(("BM_MethodSequence/" + p.name).c_str(),
-                                 [name = p.name](benchmark::State& s) { BM_MethodSequence(s, name.c_str()); })
+  std::vector<std::string> names;
+  for (const auto& p : kvarn::Registry::instance().presets()) names.push_back(p.name);
+  // The cache path with the tile path's arithmetic of BM_KvarnTilePair.
+  names.push_back("kvarn:k=4,v=2,g=128,rotation=hadamard_exact");
+  for (const std::string& name : names) {
+    benchmark::RegisterBenchmark(("BM_MethodSequence/" + name).c_str(),
+                                 [name](benchmark::State& s) { BM_MethodSequence(s, name.c_str()); })
         ->Threads(1)
         ->Threads(2)
         ->UseRealTime();

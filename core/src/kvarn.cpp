@@ -10,6 +10,7 @@
 #include "kvarn/core/pack.hpp"
 #include "kvarn/core/portable_math.hpp"
 #include "kvarn/data/error.hpp"
+#include "simd.hpp"
 
 namespace kvarn {
 namespace {
@@ -163,41 +164,57 @@ void kvarn_encode_stream(StreamKind kind, const KvarnConfig& cfg, const Rotation
   }
 }
 
+namespace {
+
+// K: codes are packed per channel along the tile's tokens. Each channel row is decoded
+// contiguously into a channel-major block, then transposed to token-major rows.
+KVARN_SIMD_CLONES void decode_key(const KvarnRecordLayout& lay, const std::uint8_t* record,
+                                  float* out) {
+  const int d = lay.head_dim, g = lay.group, bits = lay.key_bits;
+  const std::size_t sb = lay.scale_bytes, row_bytes = packed_bytes(g, bits);
+  thread_local std::vector<float> s_row, channel_major;
+  thread_local std::vector<std::uint8_t> q;
+  s_row.resize(g);
+  channel_major.resize(static_cast<std::size_t>(d) * g);
+  q.resize(g);
+  for (int t = 0; t < g; ++t) s_row[t] = load_scale(record + lay.s_row_k + t * sb, sb);
+  for (int c = 0; c < d; ++c) {
+    const float s = load_scale(record + lay.s_col_k + c * sb, sb);
+    const float z = load_half(record + lay.zp_k + c * 2);
+    unpack_codes(record + lay.k_codes + c * row_bytes, g, bits, q.data());
+    float* o = channel_major.data() + static_cast<std::size_t>(c) * g;
+    for (int t = 0; t < g; ++t) o[t] = (static_cast<float>(q[t]) * s + z) * s_row[t];
+  }
+  transpose(channel_major.data(), d, g, out);
+}
+
+// V: codes are packed per token along the channels: rows decode in place.
+KVARN_SIMD_CLONES void decode_value(const KvarnRecordLayout& lay, const std::uint8_t* record,
+                                    float* out) {
+  const int d = lay.head_dim, g = lay.group, bits = lay.value_bits;
+  const std::size_t sb = lay.scale_bytes, row_bytes = packed_bytes(d, bits);
+  thread_local std::vector<float> s_col;
+  thread_local std::vector<std::uint8_t> q;
+  s_col.resize(d);
+  q.resize(d);
+  for (int c = 0; c < d; ++c) s_col[c] = load_scale(record + lay.s_col_v + c * sb, sb);
+  for (int t = 0; t < g; ++t) {
+    const float s = load_scale(record + lay.s_row_v + t * sb, sb);
+    const float z = load_half(record + lay.zp_v + t * 2);
+    unpack_codes(record + lay.v_codes + t * row_bytes, d, bits, q.data());
+    float* o = out + static_cast<std::size_t>(t) * d;
+    for (int c = 0; c < d; ++c) o[c] = (static_cast<float>(q[c]) * s + z) * s_col[c];
+  }
+}
+
+}  // namespace
+
 void kvarn_decode_stream(StreamKind kind, const KvarnRecordLayout& lay, const std::uint8_t* record,
                          float* out) {
-  const int d = lay.head_dim, g = lay.group;
-  const std::size_t sb = lay.scale_bytes;
   if (kind == StreamKind::kKey) {
-    const int bits = lay.key_bits;
-    const std::size_t row_bytes = packed_bytes(g, bits);
-    thread_local std::vector<float> s_row;
-    s_row.resize(g);
-    for (int t = 0; t < g; ++t) s_row[t] = load_scale(record + lay.s_row_k + t * sb, sb);
-    for (int c = 0; c < d; ++c) {
-      const float s = load_scale(record + lay.s_col_k + c * sb, sb);
-      const float z = load_half(record + lay.zp_k + c * 2);
-      const std::uint8_t* packed = record + lay.k_codes + c * row_bytes;
-      for (int t = 0; t < g; ++t) {
-        const float q = unpack_code(packed, t, bits);
-        out[static_cast<std::size_t>(t) * d + c] = (q * s + z) * s_row[t];
-      }
-    }
+    decode_key(lay, record, out);
   } else {
-    const int bits = lay.value_bits;
-    const std::size_t row_bytes = packed_bytes(d, bits);
-    thread_local std::vector<float> s_col;
-    s_col.resize(d);
-    for (int c = 0; c < d; ++c) s_col[c] = load_scale(record + lay.s_col_v + c * sb, sb);
-    for (int t = 0; t < g; ++t) {
-      const float s = load_scale(record + lay.s_row_v + t * sb, sb);
-      const float z = load_half(record + lay.zp_v + t * 2);
-      const std::uint8_t* packed = record + lay.v_codes + t * row_bytes;
-      float* o = out + static_cast<std::size_t>(t) * d;
-      for (int c = 0; c < d; ++c) {
-        const float q = unpack_code(packed, c, bits);
-        o[c] = (q * s + z) * s_col[c];
-      }
-    }
+    decode_value(lay, record, out);
   }
 }
 

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
+#include "kvarn/core/half_array.hpp"
 #include "kvarn/core/portable_math.hpp"
 #include "kvarn/data/error.hpp"
 
@@ -25,7 +27,8 @@ std::size_t StreamCodec::kept_token_bytes() const { return 2 * static_cast<std::
 
 void StreamCodec::keep(const float* rows, int n, float* recon) {
   const std::size_t total = static_cast<std::size_t>(n) * head_dim_;
-  for (std::size_t i = 0; i < total; ++i) recon[i] = round_to_half(rows[i]);
+  std::copy(rows, rows + total, recon);
+  round_to_half_inplace(recon, total);  // == round_to_half per element, vectorized
 }
 
 void StreamCodec::calibrate(const float*, int) {}
@@ -95,22 +98,17 @@ KvCache::KvCache(int head_dim, std::unique_ptr<StreamCodec> key,
   }
 }
 
-void KvCache::Stream::append(const float* rows, int n, int first_token, int d) {
+// Queues the rows after the sink, then flushes every full chunk (encode writes its rows'
+// reconstruction); pending / pending_first keep the rows not flushed yet.
+void KvCache::Stream::flush(const float* rows, int n, int first_token, int d) {
   const std::size_t row = static_cast<std::size_t>(d);
-  if (first_token == 0 && n > 0) codec->calibrate(rows, n);
-  const std::size_t need = (static_cast<std::size_t>(first_token) + n) * row;
-  if (recon.capacity() < need) recon.reserve(std::max(need, 2 * recon.capacity()));
-  recon.resize(need);
-  is_quantized.resize(first_token + n, 0);
-  // Every new row is first reconstructed as kept fp16; flushed chunks overwrite it below.
-  codec->keep(rows, n, recon.data() + first_token * row);
   for (int i = 0; i < n; ++i) {
     const int t = first_token + i;
     if (t < policy.sink) continue;
     if (pending.empty()) pending_first = t;
     pending.insert(pending.end(), rows + i * row, rows + (i + 1) * row);
   }
-  int pending_rows = static_cast<int>(pending.size() / row);
+  const int pending_rows = static_cast<int>(pending.size() / row);
   int consumed = 0;
   while (pending_rows - consumed - policy.keep_recent >= policy.chunk) {
     Chunk c;
@@ -118,15 +116,40 @@ void KvCache::Stream::append(const float* rows, int n, int first_token, int d) {
     c.tokens = policy.chunk;
     codec->encode(pending.data() + consumed * row, policy.chunk, &c,
                   recon.data() + c.first_token * row);
-    KVARN_CHECK(c.bytes() == chunk_bytes, "codec stored ", c.bytes(), " bytes for a chunk but accounts ",
-                chunk_bytes);
+    KVARN_CHECK(c.bytes() == chunk_bytes, "codec stored ", c.bytes(),
+                " bytes for a chunk but accounts ", chunk_bytes);
     for (int t = 0; t < policy.chunk; ++t) is_quantized[c.first_token + t] = 1;
     chunks.push_back(std::move(c));
+    ++flushed;
     consumed += policy.chunk;
   }
   if (consumed > 0) {
     pending.erase(pending.begin(), pending.begin() + consumed * row);
     pending_first += consumed;
+  }
+}
+
+void KvCache::Stream::append(const float* rows, int n, int first_token, int d) {
+  const std::size_t row = static_cast<std::size_t>(d);
+  if (first_token == 0 && n > 0) codec->calibrate(rows, n);
+  const std::size_t need = (static_cast<std::size_t>(first_token) + n) * row;
+  if (recon.capacity() < need) recon.reserve(std::max(need, 2 * recon.capacity()));
+  recon.resize(need);
+  is_quantized.resize(first_token + n, 0);
+  flush(rows, n, first_token, d);
+  // The new rows still kept in fp16 (sink, tail, window) get their reconstruction; codecs keep
+  // row by row, so runs of rows give the same values as one call over all rows. Rows queued
+  // earlier and flushed now were overwritten by encode.
+  int i = 0;
+  while (i < n) {
+    if (is_quantized[first_token + i]) {
+      ++i;
+      continue;
+    }
+    int j = i;
+    while (j < n && !is_quantized[first_token + j]) ++j;
+    codec->keep(rows + i * row, j - i, recon.data() + (first_token + i) * row);
+    i = j;
   }
 }
 
@@ -148,16 +171,17 @@ bool KvCache::quantized(StreamKind kind, int token) const {
 
 const std::vector<Chunk>& KvCache::chunks(StreamKind kind) const { return stream(kind).chunks; }
 
+std::vector<Chunk> KvCache::release_chunks(StreamKind kind) {
+  return std::exchange(stream(kind).chunks, {});
+}
+
 const StreamCodec& KvCache::codec(StreamKind kind) const { return *stream(kind).codec; }
 
 std::size_t KvCache::stored_bytes() const {
   std::size_t b = 0;
   for (const Stream* s : {&k_, &v_}) {
-    int quantized_tokens = 0;
-    for (const auto& c : s->chunks) {
-      b += c.bytes();
-      quantized_tokens += c.tokens;
-    }
+    const int quantized_tokens = s->flushed * s->policy.chunk;
+    b += static_cast<std::size_t>(s->flushed) * s->chunk_bytes;
     b += static_cast<std::size_t>(size_ - quantized_tokens) * s->codec->kept_token_bytes();
   }
   return b;
@@ -180,13 +204,22 @@ SequenceResult quantize_sequence(const Method& method, const Matrix& k, const Ma
     r.k_quantized[i] = cache->quantized(StreamKind::kKey, i);
     r.v_quantized[i] = cache->quantized(StreamKind::kValue, i);
   }
-  r.k_chunks = cache->chunks(StreamKind::kKey);
-  r.v_chunks = cache->chunks(StreamKind::kValue);
   r.stored_bytes = cache->stored_bytes();
+  r.k_chunks = cache->release_chunks(StreamKind::kKey);
+  r.v_chunks = cache->release_chunks(StreamKind::kValue);
   return r;
 }
 
 void check_finite(const float* x, int rows, int cols, const std::string& what) {
+  // Fast vectorizable scan; the indexed loop below only runs to name the first bad value.
+  const std::size_t n = static_cast<std::size_t>(rows) * cols;
+  std::uint32_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t u;
+    std::memcpy(&u, x + i, 4);
+    bad |= (u & 0x7f800000u) == 0x7f800000u ? 1u : 0u;
+  }
+  if (!bad) return;
   for (int r = 0; r < rows; ++r) {
     for (int c = 0; c < cols; ++c) {
       float val = x[static_cast<std::size_t>(r) * cols + c];

@@ -25,14 +25,39 @@ KVARN_SIMD_CLONES void row_stds(const float* x, int rows, int cols, std::vector<
   for (int r = 0; r < rows; ++r) out[r] = canonical_std(x + static_cast<size_t>(r) * cols, cols);
 }
 
-// a[r][c] = src[r][c] / by_col[c]: the first division of the upstream T / exp(log_sc) /
-// exp(log_sr).
-KVARN_SIMD_CLONES void divide_cols(const float* src, int rows, int cols, const float* by_col,
-                                   float* a) {
+// a = src / by_col (column-wise; the first division of the upstream T / exp(log_sc) /
+// exp(log_sr)) and, in the same pass, the canonical stds of the rows of a / by_row (lane c % 8,
+// fixed tree; as canonical_std). a / by_row itself is not needed later, so each of its rows lives
+// only in a row buffer.
+KVARN_SIMD_CLONES void divide_cols_and_row_stds(const float* src, int rows, int cols,
+                                                const float* by_col, const float* by_row, float* a,
+                                                std::vector<float>& row_std) {
+  thread_local std::vector<float> row;
+  row.resize(cols);
+  float* cr = row.data();
   for (int r = 0; r < rows; ++r) {
     const float* s = src + static_cast<size_t>(r) * cols;
-    float* o = a + static_cast<size_t>(r) * cols;
-    for (int c = 0; c < cols; ++c) o[c] = s[c] / by_col[c];
+    float* ar = a + static_cast<size_t>(r) * cols;
+    const float rr = by_row[r];
+    float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int c = 0; c < cols; c += 8) {
+      for (int j = 0; j < 8; ++j) {
+        const float av = s[c + j] / by_col[c + j];
+        ar[c + j] = av;
+        const float v = av / rr;
+        cr[c + j] = v;
+        p[j] += v;
+      }
+    }
+    const float m = combine8(p) / static_cast<float>(cols);
+    float q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int c = 0; c < cols; c += 8) {
+      for (int j = 0; j < 8; ++j) {
+        const float d = cr[c + j] - m;
+        q[j] += d * d;
+      }
+    }
+    row_std[r] = sqrt_rn(combine8(q) / static_cast<float>(cols - 1));
   }
 }
 
@@ -141,14 +166,14 @@ KVARN_SIMD_CLONES void update_log_scales(const std::vector<float>& stds, const V
   }
 }
 
-// out[r][c] = a[r][c] / by_row[r] (the final balanced tile; no statistics needed).
-KVARN_SIMD_CLONES void divide_rows(const float* a, int rows, int cols, const float* by_row,
-                                   float* out) {
+// out[r][c] = (src[r][c] / by_col[c]) / by_row[r]: the final balanced tile in one pass.
+KVARN_SIMD_CLONES void divide_cols_rows(const float* src, int rows, int cols, const float* by_col,
+                                        const float* by_row, float* out) {
   for (int r = 0; r < rows; ++r) {
-    const float* s = a + static_cast<size_t>(r) * cols;
+    const float* s = src + static_cast<size_t>(r) * cols;
     float* o = out + static_cast<size_t>(r) * cols;
     const float rr = by_row[r];
-    for (int c = 0; c < cols; ++c) o[c] = s[c] / rr;
+    for (int c = 0; c < cols; ++c) o[c] = (s[c] / by_col[c]) / rr;
   }
 }
 
@@ -196,8 +221,8 @@ VarnResult variance_normalize(const float* tile, int rows, int cols, const VarnP
   for (int it = 1; it <= p.iters; ++it) {
     // col_std holds the column stds of the current cur (computed at the end of the last step).
     update_log_scales(col_std, p, log_sc, sc);
-    divide_cols(tile, rows, cols, sc.data(), a);
-    divide_and_stats<false>(a, rows, cols, sr.data(), cur, row_std, col_std);
+    // Row stds of tile / sc / sr with the previous sr (the upstream's sequential update).
+    divide_cols_and_row_stds(tile, rows, cols, sc.data(), sr.data(), a, row_std);
     update_log_scales(row_std, p, log_sr, sr);
     divide_and_stats<true>(a, rows, cols, sr.data(), cur, row_std, col_std);
     float imb = ratio(col_std, p.imbalance_floor) + ratio(row_std, p.imbalance_floor);
@@ -210,8 +235,7 @@ VarnResult variance_normalize(const float* tile, int rows, int cols, const VarnP
     }
   }
   res.imbalance_after = best;
-  divide_cols(tile, rows, cols, res.s_col.data(), a);
-  divide_rows(a, rows, cols, res.s_row.data(), balanced);
+  divide_cols_rows(tile, rows, cols, res.s_col.data(), res.s_row.data(), balanced);
   return res;
 }
 

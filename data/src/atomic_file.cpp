@@ -36,13 +36,21 @@ void write_atomically(const fs::path& path, const std::function<void(const fs::p
   const fs::path tmp = temp_path_for(path);
   try {
     write(tmp);
-    fsync_path(tmp);
   } catch (...) {
     std::error_code ec;
     fs::remove(tmp, ec);
     throw;
   }
+  commit_temp_file(tmp, path, true);
+}
+
+void commit_temp_file(const fs::path& tmp, const fs::path& path, bool overwrite) {
   std::error_code ec;
+  if (!overwrite && fs::exists(path)) {
+    fs::remove(tmp, ec);
+    fail(path.string(), ": refusing to overwrite an existing file");
+  }
+  fsync_path(tmp);
   fs::rename(tmp, path, ec);
   if (ec) {
     fs::remove(tmp, ec);

@@ -132,8 +132,8 @@ TEST_F(CliTest, MethodsPrintsModelLevelEffectiveBits) {
 TEST_F(CliTest, QuantizeSampleWritesConsistentFile) {
   ASSERT_TRUE(fs::exists(sample())) << sample();
   const fs::path out = dir_ / "q.h5";
-  const RunResult r = run("quantize --method kvarn_k4v2_g128 --in '" + sample().string() +
-                          "' --out '" + out.string() + "'");
+  const RunResult r = run("quantize --method kvarn_k4v2_g128 --reconstruction --in '" +
+                          sample().string() + "' --out '" + out.string() + "'");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("NMSE"), std::string::npos) << r.out;
   ASSERT_TRUE(fs::exists(out));
@@ -153,7 +153,8 @@ TEST_F(CliTest, QuantizeSampleWritesConsistentFile) {
     return v;
   };
   EXPECT_EQ(str_attr(f, "format"), "kvarn-quantized");
-  EXPECT_EQ(int_attr(f, "format_version"), 1);
+  EXPECT_EQ(int_attr(f, "format_version"), 2);
+  EXPECT_EQ(int_attr(f, "reconstruction"), 1);
   EXPECT_EQ(str_attr(f, "method"), "kvarn_k4v2_g128");
   const auto prov = nlohmann::json::parse(str_attr(f, "provenance"));
   EXPECT_EQ(prov.at("tool"), "kvarn-eval quantize");

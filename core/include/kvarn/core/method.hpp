@@ -129,6 +129,8 @@ class KvCache {
   MatrixMap values() const;
   bool quantized(StreamKind kind, int token) const;
   const std::vector<Chunk>& chunks(StreamKind kind) const;
+  // Moves the stored chunks out (no copy); chunks() is empty afterwards, stored_bytes() unchanged.
+  std::vector<Chunk> release_chunks(StreamKind kind);
   std::size_t stored_bytes() const;  // measured: stored chunk bytes + kept fp16 tokens
   const StreamCodec& codec(StreamKind kind) const;
 
@@ -141,8 +143,10 @@ class KvCache {
     int pending_first = 0;          // token index of pending row 0
     std::vector<std::uint8_t> is_quantized;
     std::vector<Chunk> chunks;
-    std::size_t chunk_bytes = 0;
+    std::size_t chunk_bytes = 0;  // of every chunk (checked on each flush)
+    int flushed = 0;              // chunks flushed so far (release_chunks leaves this)
     void append(const float* rows, int n, int first_token, int d);
+    void flush(const float* rows, int n, int first_token, int d);
   };
   Stream& stream(StreamKind kind) { return kind == StreamKind::kKey ? k_ : v_; }
   const Stream& stream(StreamKind kind) const { return kind == StreamKind::kKey ? k_ : v_; }

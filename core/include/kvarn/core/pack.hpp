@@ -75,9 +75,46 @@ KVARN_HD std::uint8_t unpack_code(const std::uint8_t* packed, std::size_t c, int
   return static_cast<std::uint8_t>((packed[c / pf] >> ((c % pf) * bits)) & mask);
 }
 
+namespace detail {
+template <int BITS>
+KVARN_HD void unpack_codes_fixed(const std::uint8_t* packed, std::size_t n, std::uint8_t* codes) {
+  constexpr int kPf = 8 / BITS;
+  constexpr unsigned kMask = (1u << BITS) - 1u;
+  for (std::size_t c = 0; c < n; ++c)
+    codes[c] = static_cast<std::uint8_t>((packed[c / kPf] >> ((c % kPf) * BITS)) & kMask);
+}
+}  // namespace detail
+
+// Inverse of pack_codes: n codes out of packed_bytes(n, bits) bytes (compile-time packing
+// factors, as pack_codes).
 KVARN_HD void unpack_codes(const std::uint8_t* packed, std::size_t n, int bits,
                            std::uint8_t* codes) {
-  for (std::size_t c = 0; c < n; ++c) codes[c] = unpack_code(packed, c, bits);
+  switch (bits) {
+    case 1:
+      detail::unpack_codes_fixed<1>(packed, n, codes);
+      return;
+    case 2:
+      detail::unpack_codes_fixed<2>(packed, n, codes);
+      return;
+    case 3:
+      detail::unpack_codes_fixed<3>(packed, n, codes);
+      return;
+    case 4:
+      detail::unpack_codes_fixed<4>(packed, n, codes);
+      return;
+    case 5:
+      detail::unpack_codes_fixed<5>(packed, n, codes);
+      return;
+    case 6:
+      detail::unpack_codes_fixed<6>(packed, n, codes);
+      return;
+    case 7:
+      detail::unpack_codes_fixed<7>(packed, n, codes);
+      return;
+    default:
+      for (std::size_t c = 0; c < n; ++c) codes[c] = unpack_code(packed, c, bits);
+      return;
+  }
 }
 
 }  // namespace kvarn

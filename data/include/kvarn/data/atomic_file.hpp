@@ -18,6 +18,11 @@ void write_atomically(const std::filesystem::path& path,
                       const std::function<void(const std::filesystem::path& tmp)>& write,
                       bool overwrite = true);
 
+// Finishes a write into temp_path_for(path): fsync, then rename over `path` (refused when it
+// exists and !overwrite). On any failure the temporary is removed and kvarn::Error is thrown.
+void commit_temp_file(const std::filesystem::path& tmp, const std::filesystem::path& path,
+                      bool overwrite);
+
 // Current UTC time as ISO 8601 ("2026-11-29T12:00:00Z"), for provenance records.
 std::string utc_timestamp();
 

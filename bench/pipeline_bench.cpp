@@ -1,0 +1,156 @@
+// The paths a user runs, measured beside the core (same program, same run, so
+// their ratios to BM_KvarnTilePair are meaningful on a loaded machine):
+//   BM_QuantizeFile: `kvarn-eval quantize` end to end (tile file in, quantized
+//   file out, in a
+//     temporary directory) on 1,024 kvarn_k4v2_g128 K+V tile pairs of synthetic
+//     tiles drawn like BM_KvarnTilePair's; arg = worker threads over slabs.
+//   BM_SweepCase: one sweep case (the engine's compute_case: quantization,
+//   reconstruction and
+//     attention metrics) of kvarn_k4v2_g128 on the real fixture capture
+//     data/tiles/fixture_heldout.h5.
+// Both count quantized K+V tile pairs per second.
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "kvarn/core/portable_math.hpp"
+#include "kvarn/core/registry.hpp"
+#include "kvarn/core/rng.hpp"
+#include "kvarn/data/tile_file.hpp"
+#include "kvarn/sweeps/config.hpp"
+#include "kvarn/sweeps/engine.hpp"
+#include "kvarn/sweeps/quantize.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kLayers = 8, kHeads = 8, kSequences = 2, kDim = 128, kTiles = 8;
+constexpr int kTokens = 128 + kTiles * 128;  // fp16 sink of one group, then 8 tiles per slab
+
+// A temporary directory for this process, removed at exit.
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("kvarn_bench_" + std::to_string(::getpid()));
+  TempDir() { fs::create_directories(path); }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+const fs::path& temp_dir() {
+  static TempDir d;
+  return d.path;
+}
+
+// Values like BM_KvarnTilePair's tiles: per channel an offset (large on every
+// 17th channel) plus unit noise, rounded to fp16.
+void fill_slab(float* out, std::uint64_t seed) {
+  kvarn::Rng rng(seed);
+  std::vector<double> offset(kDim);
+  for (int c = 0; c < kDim; ++c) offset[c] = (c % 17 == 0) ? 8.0 : rng.normal() * 0.5;
+  for (int t = 0; t < kTokens; ++t)
+    for (int c = 0; c < kDim; ++c)
+      out[static_cast<std::size_t>(t) * kDim + c] =
+          kvarn::round_to_half(static_cast<float>(offset[c] + rng.normal()));
+}
+
+const fs::path& tile_file() {
+  static const fs::path path = [] {
+    const fs::path p = temp_dir() / "tiles.h5";
+    kvarn::TileFileInfo info;
+    info.model = "synthetic";
+    info.num_layers = kLayers;
+    info.num_kv_heads = kHeads;
+    info.num_q_heads = kHeads;
+    info.head_dim = kDim;
+    info.source = "synthetic (bench/core_pipeline_bench.cpp)";
+    for (int l = 0; l < kLayers; ++l) info.layers.push_back(l);
+    kvarn::TileWriter w(p, info, true);
+    const std::size_t slab = static_cast<std::size_t>(kTokens) * kDim;
+    for (int s = 0; s < kSequences; ++s) {
+      kvarn::SequenceData seq;
+      seq.prompt_id = "synthetic-" + std::to_string(s);
+      seq.token_ids.assign(kTokens, 1);
+      seq.k.resize(slab * kLayers * kHeads);
+      seq.v.resize(slab * kLayers * kHeads);
+      for (int i = 0; i < kLayers * kHeads; ++i) {
+        fill_slab(seq.k.data() + i * slab, 1000 + 2 * (s * 64 + i));
+        fill_slab(seq.v.data() + i * slab, 1001 + 2 * (s * 64 + i));
+      }
+      w.add_sequence(seq);
+    }
+    w.finish();
+    return p;
+  }();
+  return path;
+}
+
+void BM_QuantizeFile(benchmark::State& state) {
+  kvarn::QuantizeFileOptions o;
+  o.method = "kvarn_k4v2_g128";
+  o.in = tile_file();
+  o.out = temp_dir() / "quantized.h5";
+  o.force = true;
+  o.threads = static_cast<int>(state.range(0));
+  o.command = "bench";
+  long long pairs = 0;
+  kvarn::QuantizePhaseTimes t;
+  for (auto _ : state) {
+    const kvarn::QuantizeReport r = kvarn::quantize_tile_file(o);
+    pairs += r.k_chunks;
+    t.read += r.times.read;
+    t.compute += r.times.compute;
+    t.write += r.times.write;
+  }
+  state.counters["tile_pairs_per_s"] =
+      benchmark::Counter(static_cast<double>(pairs), benchmark::Counter::kIsRate);
+  const double n = static_cast<double>(state.iterations());
+  state.counters["read_s"] = t.read / n;
+  state.counters["compute_s"] = t.compute / n;
+  state.counters["write_s"] = t.write / n;
+}
+BENCHMARK(BM_QuantizeFile)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// KVarN g128 tile pairs a case over `tiles` quantizes: per slab (T - sink) /
+// 128 per stream.
+long long case_tile_pairs(const kvarn::SweepConfig& cfg) {
+  long long pairs = 0;
+  for (const auto& t : cfg.data.tiles) {
+    const kvarn::TileReader r(t.resolved);
+    for (int s = 0; s < r.num_sequences(); ++s) {
+      const int T = r.sequence(s).num_tokens;
+      pairs += static_cast<long long>(std::max(0, (T - 128) / 128)) *
+               r.info().num_captured_layers() * r.info().num_kv_heads;
+    }
+  }
+  return pairs;
+}
+
+void BM_SweepCase(benchmark::State& state) {
+  const fs::path yaml = temp_dir() / "case.yaml";
+  {
+    std::ofstream f(yaml);
+    f << "version: 1\nname: bench\ndata:\n  tiles: " << KVARN_SOURCE_DIR
+      << "/data/tiles/fixture_heldout.h5\nmethods:\n  - kvarn_k4v2_g128\n"
+      << "metrics:\n  reconstruction: true\n  attention: true\n  arrays: "
+         "false\n"
+      << "accumulation: {enabled: false}\noutput: " << (temp_dir() / "runs").string()
+      << "\nreport: false\n";
+  }
+  const kvarn::SweepConfig cfg = kvarn::load_config(yaml);
+  const long long pairs = case_tile_pairs(cfg);
+  for (auto _ : state) {
+    nlohmann::json rec = kvarn::compute_case(cfg, cfg.cases.at(0), fs::path());
+    benchmark::DoNotOptimize(rec);
+  }
+  state.counters["tile_pairs_per_s"] =
+      benchmark::Counter(static_cast<double>(pairs) * static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_SweepCase)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace

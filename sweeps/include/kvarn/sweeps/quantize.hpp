@@ -1,0 +1,57 @@
+// `kvarn-eval quantize` as a library call: runs one method over (sequence, layer, KV head) slabs
+// of a tile file and writes the quantized-tile file (kvarn/data/quantized_file.hpp). Slabs of one
+// sequence are quantized in parallel (OpenMP) and written in sequence / layer / head order, so
+// the file is identical whatever the thread count.
+#ifndef KVARN_SWEEPS_QUANTIZE_HPP_
+#define KVARN_SWEEPS_QUANTIZE_HPP_
+
+#include <cstddef>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace kvarn {
+
+struct QuantizeFileOptions {
+  std::string method;
+  std::filesystem::path in, out;
+  std::vector<int> layers;     // model layer indices (the file's `layers` dataset); empty = all
+  std::vector<int> heads;      // KV heads; empty = all
+  std::vector<int> sequences;  // sequence indices; empty = all
+  bool force = false;
+  bool reconstruction = false;  // also write the fp32 reconstructions k_hat / v_hat
+  int threads = 0;              // 0 = OpenMP's default (OMP_NUM_THREADS)
+  std::string command;          // command line recorded in the provenance
+};
+
+struct QuantizeLayerSummary {
+  double k_err = 0, k_ref = 0, v_err = 0, v_ref = 0;
+  std::size_t stored = 0, fp16 = 0;
+  int slabs = 0;
+};
+
+// Wall-clock seconds per phase; `quantize`, `collect` and `metrics` are summed over threads.
+struct QuantizePhaseTimes {
+  double read = 0;      // HDF5 read + fp16 decode of the input slabs
+  double compute = 0;   // wall time of the parallel section (the three below)
+  double quantize = 0;  // the method's cache: encode, decode, reconstruction
+  double collect = 0;   // stored fields concatenated per stream, byte accounting checks
+  double metrics = 0;   // NMSE sums
+  double write = 0;     // HDF5 write, close, fsync, rename
+  double total = 0;
+};
+
+struct QuantizeReport {
+  std::string method_name, method_spec;
+  std::map<int, QuantizeLayerSummary> layers;  // by model layer
+  int slabs = 0;
+  long long k_chunks = 0, v_chunks = 0;  // flushed chunks over all slabs (KVarN: tile pairs)
+  QuantizePhaseTimes times;
+};
+
+QuantizeReport quantize_tile_file(const QuantizeFileOptions& o);
+
+}  // namespace kvarn
+
+#endif  // KVARN_SWEEPS_QUANTIZE_HPP_
