@@ -223,10 +223,10 @@ def _md(head: List[str], rows: List[List[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _html(head: List[str], rows: List[List[str]]) -> str:
+def _html(head: List[str], rows: List[List[str]], text_cols=(0,)) -> str:
     e = html.escape
     out = ['<table class="results small">', "<thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr></thead><tbody>"]
-    out += ["<tr>" + "".join(f'<td class="m">{e(c)}</td>' if i in (0, 3) else f"<td>{e(c)}</td>"
+    out += ["<tr>" + "".join(f'<td class="m">{e(c)}</td>' if i in text_cols else f"<td>{e(c)}</td>"
                              for i, c in enumerate(r)) + "</tr>" for r in rows]
     out.append("</tbody></table>")
     return "\n".join(out) + "\n"
@@ -251,7 +251,7 @@ def to_html(run: RunData) -> str:
     for sec in sections(run):
         parts.append(f"<h3>{e(sec.title)}: {e(sec.metric_label)}</h3>")
         head, rows = pair_rows(sec)
-        parts.append(_html(head, rows) if rows else f"<p>No two methods lie within ±{TOLERANCE} bit.</p>")
+        parts.append(_html(head, rows, (0, 3, 9)) if rows else f"<p>No two methods lie within ±{TOLERANCE} bit.</p>")
         parts.append(f"<p>{e(note(sec))}</p>")
         ih, ir = interp_rows(sec)
         if ir:

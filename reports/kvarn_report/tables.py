@@ -95,6 +95,22 @@ def main_table(run: RunData) -> Table:
     return Table(run.methods, cols, values, flags, note)
 
 
+CI_METRIC = "decode.kl.mean"
+CI_COLUMN = Column("Decode KL 95% CI", r"Decode KL 95\,\% CI", CI_METRIC, "none", "text")
+
+
+def _ci_text(run: RunData, k: MethodKey, model: str) -> str:
+    """Bootstrap 95 % CI over prompts of the model's decode KL ("" without per-prompt values;
+    "n = 1" with one prompt)."""
+    from . import stats
+
+    vals = list(run.prompt_values(k, model, CI_METRIC).values())
+    ci = stats.bootstrap_ci(vals)
+    if ci is None:
+        return f"n = {len(vals)}" if vals else ""
+    return f"[{ci.lo:.2e}, {ci.hi:.2e}] (n = {ci.n})"
+
+
 def _bits_note(run: RunData) -> str:
     if run.has_effective_bits():
         return ("Eff. bits: bits/element as stored at the measured length (fp16 sink, windows, boundary "
@@ -114,10 +130,20 @@ def accumulation_tables(run: RunData) -> List[Tuple[str, Table]]:
             continue
         bcols = bits_columns(run)
         values = [[_bits_value(run, k, c, name) for c in bcols] + [grid[k, c.metric] for c in cols] for k in methods]
+        cis = {k: _ci_text(run, k, name) for k in methods}
         cols = bcols + cols
+        if any(cis.values()):
+            cols.append(CI_COLUMN)
+            for row, k in zip(values, methods):
+                row.append(cis[k] or "–")
         note = (_bits_note(run) + " Model-level bits average the fp16 boundary layers over all layers. Last pseudo-decode block (final context) for MAE/NMSE, averaged over layers and prompts; "
                 "decode columns are means over the teacher-forced (KL, top-1) and greedy free-running "
                 "(first divergence; = decode steps when none) steps. Bold: best compressed method.")
+        if CI_COLUMN in cols:
+            from . import stats
+
+            note += (f" Decode KL 95% CI: percentile bootstrap over prompts ({stats.RESAMPLES} resamples, "
+                     f"seed {stats.SEED}).")
         title = name + (f" (head_dim {head_dim})" if head_dim else "")
         out.append((title, Table(methods, cols, values, _best_flags(values, methods, cols), note)))
     return out
@@ -133,7 +159,9 @@ def accumulation_markdown(run: RunData) -> str:
 # ------------------------------------------------------------------ formatting
 
 
-def fmt_plain(v: float, kind: str) -> str:
+def fmt_plain(v, kind: str) -> str:
+    if isinstance(v, str):  # a preformatted cell (confidence intervals)
+        return v
     if math.isnan(v):
         return "–"
     if kind in ("bits", EFFECTIVE, STEADY):

@@ -85,6 +85,13 @@ def test_planted_run_matched_budget_sections(check, planted_run):
     check("KVarN a lower (significant)".lower() in md.lower() or "kvarn_a lower (significant)" in md.lower(),
           "report names the significant ordering")
     check("not significant" in md and f"seed {stats.SEED}" in md, "report says not significant and the seed")
+    from kvarn_report import tables
+
+    (title, t), = tables.accumulation_tables(run)
+    j = [c.header for c in t.columns].index("Decode KL 95% CI")
+    row = t.values[t.methods.index(kv.key)]
+    check(row[j] == f"[{kv.ci.lo:.2e}, {kv.ci.hi:.2e}] (n = 20)", f"accumulation table CI cell {row[j]!r}")
+    check([c.header for c in t.columns][:2] == ["Eff. bits/el", "Steady bits/el"], "bits columns of the model table")
 
 
 def test_planted_run_without_effective_bits_is_labelled(check, planted_run_steady):
@@ -121,3 +128,23 @@ def test_provenance_is_readable_rows(check, planted_run):
     check(items.get("Sets") == "output=/tmp/x", "a list of strings is one comma-separated row")
     check(not any(v.startswith("{") or v.startswith("[") for v in items.values()), "no raw JSON in a cell")
     check(f"seed {stats.SEED}" in items.get("Bootstrap (report)", ""), "the bootstrap seed is recorded")
+
+
+def test_model_budget_figure_draws_ci_whiskers(check, planted_run, tmp_path, monkeypatch):
+    run = load.load_run(planted_run)
+    drawn = []
+    save = style.save
+    monkeypatch.setattr(figures.style, "save", lambda fig, d, stem: (drawn.append(fig), save(fig, d, stem))[1])
+    fig = figures.fig_model_budget(run, style.method_styles(run.methods), str(tmp_path / "figs"))
+    check(fig is not None and fig.panels == [MODEL], f"panels {fig and fig.panels}")
+    check("Whiskers are percentile bootstrap 95 %" in fig.caption and f"seed {stats.SEED}" in fig.caption,
+          "the caption names the intervals and the seed")
+    ax = drawn[0].axes[0]
+    # one vertical whisker per compressed method (FP16 is exactly zero and not drawn)
+    whiskers = [c for c in ax.collections if c.get_segments()]
+    check(len(whiskers) == len(PLANTED) - 1, f"{len(whiskers)} whisker sets")
+    kv = next(p for p in budget.sections(run)[1].points if p.key.method == "kvarn_a")
+    seg = [s_ for c in whiskers for s_ in c.get_segments() if math.isclose(s_[0][0], 3.1)]
+    check(seg and math.isclose(seg[0][0][1], kv.ci.lo) and math.isclose(seg[0][1][1], kv.ci.hi),
+          f"KVarN a's whisker {seg} spans its CI {kv.ci}")
+    check(ax.get_xlabel().startswith("Effective bits"), f"x axis {ax.get_xlabel()!r}")
