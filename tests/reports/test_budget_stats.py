@@ -103,11 +103,9 @@ def test_planted_run_without_effective_bits_is_labelled(check, planted_run_stead
     check(pairs == {("kvarn_b", "kivi_b")}, f"steady-state pairs {pairs}")  # 4.375 and 4.5
 
 
-def test_heatmaps_draw_every_part_by_query_head(check, planted_run, tmp_path, monkeypatch):
+def test_heatmaps_draw_every_part_by_query_head(check, planted_run, tmp_path, drawn_figures):
     run = load.load_run(planted_run)
-    drawn = []
-    save = style.save
-    monkeypatch.setattr(figures.style, "save", lambda fig, d, stem: (drawn.append(fig), save(fig, d, stem))[1])
+    drawn = drawn_figures
     fig = figures.fig_heatmaps(run, style.method_styles(run.methods), str(tmp_path / "figs"))
     check(fig is not None and fig.panels == sorted(PARTS), f"parts {fig and fig.panels}")
     axes = [ax for ax in drawn[0].axes if ax.images]
@@ -130,11 +128,9 @@ def test_provenance_is_readable_rows(check, planted_run):
     check(f"seed {stats.SEED}" in items.get("Bootstrap (report)", ""), "the bootstrap seed is recorded")
 
 
-def test_model_budget_figure_draws_ci_whiskers(check, planted_run, tmp_path, monkeypatch):
+def test_model_budget_figure_draws_ci_whiskers(check, planted_run, tmp_path, drawn_figures):
     run = load.load_run(planted_run)
-    drawn = []
-    save = style.save
-    monkeypatch.setattr(figures.style, "save", lambda fig, d, stem: (drawn.append(fig), save(fig, d, stem))[1])
+    drawn = drawn_figures
     fig = figures.fig_model_budget(run, style.method_styles(run.methods), str(tmp_path / "figs"))
     check(fig is not None and fig.panels == [MODEL], f"panels {fig and fig.panels}")
     check("Whiskers are percentile bootstrap 95 %" in fig.caption and f"seed {stats.SEED}" in fig.caption,
