@@ -18,7 +18,7 @@ def build_report(run_dir: str, out_dir: Optional[str] = None, quiet: bool = Fals
     """Build the report; returns {"html", "md", "figures", "tables", "notes"} (paths absolute)."""
     # The deterministic-output settings must precede any matplotlib import.
     os.environ.setdefault("SOURCE_DATE_EPOCH", "0")
-    from . import figures, load, tables, writers
+    from . import budget, figures, load, tables, writers
 
     run = load.load_run(run_dir)
     out = os.path.abspath(out_dir or os.path.join(run_dir, "report"))
@@ -37,6 +37,7 @@ def build_report(run_dir: str, out_dir: Optional[str] = None, quiet: bool = Fals
         ("main.tex", tables.to_latex(table, caption)),
         ("all_metrics.md", tables.all_metrics_markdown(run)),
         ("accumulation.md", tables.accumulation_markdown(run)),
+        ("matched_budget.md", budget.markdown(run)),
     ):
         if not text:  # no accumulation block in this run
             continue

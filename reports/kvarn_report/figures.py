@@ -4,6 +4,7 @@ is absent, so any subset of the run directory still produces a report."""
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -254,6 +255,12 @@ def pareto_min(points: List[Tuple[float, float]]) -> List[int]:
     return front
 
 
+BITS_AXIS = {
+    True: "Effective bits per element, as stored\n(K+V, fp16 windows and metadata incl.; log scale)",
+    False: "Steady-state bits per element\n(no effective bits in this run; log scale)",
+}
+
+
 def fig_kl_pareto(run: RunData, styles, out_dir: str) -> Optional[Figure]:
     panels = [(KL, "Attention KL divergence (nats, log scale)", "Attention KL vs. storage")]
     if run.has_metric(OUT_NMSE):
@@ -263,10 +270,11 @@ def fig_kl_pareto(run: RunData, styles, out_dir: str) -> Optional[Figure]:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 5.0), squeeze=False)
     pending = []
+    effective = all(run.budget(k)[1] for k in run.methods if not math.isnan(run.budget(k)[0]))
     for ax, (metric, ylabel, title) in zip(axes[0], panels):
         pts, keys = [], []
         for k in run.methods:
-            b, v = run.bits(k), run.value(k, metric)
+            b, v = run.budget(k)[0], run.value(k, metric)
             if not (math.isnan(b) or math.isnan(v)) and b > 0:
                 pts.append((b, v))
                 keys.append(k)
@@ -295,7 +303,7 @@ def fig_kl_pareto(run: RunData, styles, out_dir: str) -> Optional[Figure]:
         ax.set_xticks(ticks)
         ax.set_xticklabels([f"{t:g}" for t in ticks])
         ax.minorticks_off()
-        ax.set_xlabel("Effective storage (bits per element, K+V incl. scales/metadata; log scale)")
+        ax.set_xlabel(BITS_AXIS[effective])
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         show = range(len(keys)) if len(keys) <= MAX_LABELLED else sorted(front)
@@ -310,8 +318,11 @@ def fig_kl_pareto(run: RunData, styles, out_dir: str) -> Optional[Figure]:
     return Figure(
         "kl_pareto",
         "Attention KL against bits per element",
-        "Each point is one method: x is the effective storage per cached element (keys and values "
-        "together, including scales, zero points and other metadata), y the mean KL divergence "
+        "Each point is one method: x is its storage per cached element (keys and values together, "
+        + ("as stored at the measured length: fp16 sink, windows and boundary layers, scales, zero points "
+           "and other metadata included" if effective else
+           "steady state: this run records no effective bits, so fp16 sinks and windows are not counted")
+        + "), y the mean KL divergence "
         "between the FP16 attention distribution and the one computed from the quantized cache (nats, "
         "log scale). Down and to the left is better; the dashed step line is the Pareto front and "
         "methods on it are outlined in black. A method with exactly zero divergence (the FP16 "
@@ -480,56 +491,96 @@ def fig_decode(run: RunData, styles, out_dir: str) -> Optional[Figure]:
 # ------------------------------------------------------------------ 5. layer x head heatmaps
 
 
-def fig_heatmaps(run: RunData, styles, out_dir: str) -> Optional[Figure]:
-    mats: List[Tuple[MethodKey, np.ndarray]] = []
-    source = set()
-    skipped_zero = []
-    for k in run.methods:
-        m = run.method_array(k, "attention/kl_layer_head")
-        if m is not None and m.ndim == 2:
-            source.add("arrays")
-        else:
-            m = run.layer_head(k, KL)
+HEATMAP = "attention/kl_layer_head"
+
+
+def heatmap_parts(run: RunData) -> List[Tuple[str, str]]:
+    """(data name, array prefix) of every data part with a layer × query-head KL matrix: the first
+    tiles file's at the root of arrays/*.h5, the others in a group named after the file."""
+    tiles = (run.resolved.get("data") or {}).get("tiles") if isinstance(run.resolved.get("data"), dict) else None
+    first = str(tiles[0].get("name")) if tiles and isinstance(tiles[0], dict) and tiles[0].get("name") else ""
+    prefixes = set()
+    for c in sorted(run.case_method):
+        for name in run.arrays(c) or {}:
+            if name.endswith(HEATMAP) and not name.startswith("accumulation_models/"):
+                prefixes.add(name[: -len(HEATMAP)])
+    return [(first if p == "" else p.rstrip("/"), p) for p in sorted(prefixes, key=lambda p: (p != "", p))]
+
+
+def _heatmap_panels(run: RunData):
+    """[(data part, method, matrix, layer labels, query-head labels)], from the arrays of every
+    data part, else from the per-layer/head summary rows of every data; and the source."""
+    panels = []
+    parts = heatmap_parts(run)
+    for part, pre in parts:
+        for k in run.methods:
+            m = run.method_array(k, pre + HEATMAP)
+            if m is None or m.ndim != 2:
+                continue
+            layers = run.method_array(k, pre + "attention@layers")
+            qh = run.method_array(k, pre + "attention@q_heads")
+            panels.append((part, k, m, layers, qh))
+    if panels:
+        return panels, "arrays/*.h5 (attention/kl_layer_head of every data part)"
+    datas = sorted({r.data for r in run.rows if r.metric == KL and r.layer >= 0 and r.head >= 0})
+    for d in datas:
+        for k in run.methods:
+            m = run.layer_head(k, KL, d if len(datas) > 1 else None)
             if m is not None:
-                source.add("summary")
-        if m is None:
-            continue
-        if not np.any(np.isfinite(m) & (m > 0)):
-            skipped_zero.append(k.label)
-            continue
-        mats.append((k, m))
-    if not mats:
+                panels.append((d if len(datas) > 1 else "", k, m, None, None))
+    return panels, "per-layer/head summary rows"
+
+
+def _ticks(ax, labels, n: int, axis: str) -> None:
+    step = max(1, n // (8 if axis == "x" else 10))
+    idx = list(range(0, n, step))
+    set_ticks, set_labels = (ax.set_xticks, ax.set_xticklabels) if axis == "x" else (ax.set_yticks, ax.set_yticklabels)
+    set_ticks(idx)
+    if labels is not None and np.ravel(labels).size == n:
+        set_labels([f"{int(v)}" for v in np.ravel(labels)[idx]])
+
+
+def fig_heatmaps(run: RunData, styles, out_dir: str) -> Optional[Figure]:
+    panels, src = _heatmap_panels(run)
+    shown, skipped_zero = [], []
+    for part, k, m, layers, qh in panels:
+        if np.any(np.isfinite(m) & (m > 0)):
+            shown.append((part, k, m, layers, qh))
+        else:
+            skipped_zero.append(k.label + (f" ({part})" if part else ""))
+    if not shown:
         run.notes.append("Figure 'per-layer × head KL heatmaps' skipped: no attention/kl_layer_head arrays "
                          f"and no per-layer/head '{KL}' rows with a nonzero value.")
         return None
-    allv = np.concatenate([m[np.isfinite(m) & (m > 0)] for _, m in mats])
+    allv = np.concatenate([m[np.isfinite(m) & (m > 0)] for _, _, m, _, _ in shown])
     norm = LogNorm(vmin=float(allv.min()), vmax=float(allv.max()))
     if norm.vmin == norm.vmax:
         norm = LogNorm(vmin=norm.vmin / 2, vmax=norm.vmax * 2)
-    n = len(mats)
-    ncols = min(3, n)
+    n = len(shown)
+    ncols = min(4, n)
     nrows = int(math.ceil(n / ncols))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.3 * ncols + 1.2, 3.7 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols + 1.2, 3.2 * nrows), squeeze=False)
     cmap = plt.get_cmap("magma_r").copy()
     cmap.set_bad("#d9d9d9")
     im = None
-    for idx, (k, m) in enumerate(mats):
+    for idx, (part, k, m, layers, qh) in enumerate(shown):
         ax = axes[idx // ncols][idx % ncols]
         show = np.where(np.isfinite(m) & (m > 0), m, np.nan)
         im = ax.imshow(np.ma.masked_invalid(show), cmap=cmap, norm=norm, aspect="auto", interpolation="nearest",
                        origin="upper")
         L, H = m.shape
-        ax.set_title(k.label, color=styles[k]["color"], fontweight="bold")
-        ax.set_xlabel("KV head")
+        title = "\n".join(textwrap.wrap(k.label, 34)) + (f"\n{part}" if part else "")
+        ax.set_title(title, color=styles[k]["color"], fontweight="bold", fontsize=8.5)
+        ax.set_xlabel("Query head")
         ax.set_ylabel("Layer")
-        ax.set_xticks(range(0, H, max(1, H // 8)))
-        ax.set_yticks(range(0, L, max(1, L // 10)))
+        _ticks(ax, qh, H, "x")
+        _ticks(ax, layers, L, "y")
         ax.grid(False)
     for idx in range(n, nrows * ncols):
         axes[idx // ncols][idx % ncols].axis("off")
     if skipped_zero and n < nrows * ncols:
         axes[-1][-1].text(0.5, 0.5, "Zero divergence everywhere\n(not shown):\n" + "\n".join(skipped_zero),
-                          transform=axes[-1][-1].transAxes, ha="center", va="center", fontsize=10, color="0.3")
+                          transform=axes[-1][-1].transAxes, ha="center", va="center", fontsize=9, color="0.3")
     fig.tight_layout(rect=(0, 0, 0.9, 1))
     cax = fig.add_axes((0.915, 0.12, 0.018, 0.76))
     cb = fig.colorbar(im, cax=cax)
@@ -539,17 +590,70 @@ def fig_heatmaps(run: RunData, styles, out_dir: str) -> Optional[Figure]:
     note = ""
     if skipped_zero:
         note = " Not shown because their divergence is zero everywhere: " + ", ".join(skipped_zero) + "."
-    src = "per-layer/head summary rows" if source == {"summary"} else "arrays/*.h5 (attention/kl_layer_head)"
+    parts = sorted({p for p, *_ in shown if p})
+    part_note = f" One panel per method and data part ({', '.join(parts)})." if len(parts) > 1 else ""
     return Figure(
         "kl_heatmaps",
-        "Per-layer × head attention KL",
-        "Mean attention KL divergence (nats) for every layer (rows, first layer at the top) and KV head "
-        f"(columns), one panel per method, from {src}. All panels share one logarithmic colour scale, "
-        "so colours compare across methods: darker is a larger divergence. Grey cells have no value "
-        "or exactly zero divergence. Hot rows or columns point at layers or heads that the method "
-        "handles badly (outlier channels, attention sinks)." + note,
+        "Per-layer × query-head attention KL",
+        "Mean attention KL divergence (nats) for every measured layer (rows, first at the top) and query "
+        "head (columns; tick labels are the model's layer and query-head indices), one panel per method, "
+        f"from {src}.{part_note} All panels share one logarithmic colour scale, so colours compare across "
+        "methods: darker is a larger divergence. Grey cells have no value or exactly zero divergence. "
+        "Hot rows or columns point at layers or heads that the method handles badly (outlier channels, "
+        "attention sinks)." + note,
         "figures/kl_heatmaps.png",
         "figures/kl_heatmaps.pdf",
+        parts,
+    )
+
+
+# ------------------------------------------------------------------ 5b. model error vs budget, with CIs
+
+
+def fig_model_budget(run: RunData, styles, out_dir: str) -> Optional[Figure]:
+    """Per model: the decode error against model-level bits, with bootstrap 95 % CIs over prompts."""
+    from . import budget, stats
+
+    secs = [s_ for s_ in budget.sections(run) if s_.title != "Tiles (all data files)"]
+    secs = [s_ for s_ in secs if any(p.error > 0 for p in s_.points)]
+    if not secs:
+        if run.accumulation_models():
+            run.notes.append("Figure 'model error vs bits' skipped: no accumulation/decode summary rows.")
+        return None
+    fig, axes = _panel_grid(len(secs), 4.6)
+    with_ci = False
+    for ax, sec in zip(axes, secs):
+        for p in sec.points:
+            if p.error <= 0 or p.bits <= 0:
+                continue
+            st = styles[p.key]
+            yerr = None
+            if p.ci is not None:
+                with_ci = True
+                yerr = [[max(0.0, p.error - p.ci.lo)], [max(0.0, p.ci.hi - p.error)]]
+            ax.errorbar([p.bits], [p.error], yerr=yerr, fmt=st["marker"], color=st["color"], markersize=7,
+                        capsize=3, elinewidth=1.0, label=p.key.label)
+        ax.set_yscale("log")
+        ax.set_xlabel(BITS_AXIS[sec.effective].replace("; log scale", ""))
+        ax.set_ylabel(sec.metric_label + " (log scale)")
+        ax.set_title(sec.title)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
+    fig.tight_layout()
+    style.save(fig, out_dir, "model_budget")
+    ci_txt = (f"Whiskers are percentile bootstrap 95 % confidence intervals over prompts ({stats.RESAMPLES} "
+              f"resamples, seed {stats.SEED})." if with_ci else
+              "No whiskers: the run has fewer than two prompts per method, so no interval can be given.")
+    return Figure(
+        "model_budget",
+        "Model-level error against bits per element",
+        "Each point is one method on one model (error-accumulation run): x its model-level bits per "
+        "element (effective: fp16 boundary layers averaged over all layers, windows and metadata "
+        "included, where the run records them), y the mean over prompts of the metric named on the axis. "
+        "Down and to the left is better; methods at equal x are compared in the matched-budget tables. "
+        + ci_txt + " Methods with exactly zero error (FP16) are not drawn." + _panel_note([(s_.title, 0) for s_ in secs]),
+        "figures/model_budget.png",
+        "figures/model_budget.pdf",
+        [s_.title for s_ in secs],
     )
 
 
@@ -709,7 +813,8 @@ def fig_throughput(run: RunData, styles, out_dir: str) -> Optional[Figure]:
     )
 
 
-BUILDERS: List[Callable] = [fig_stage_errors, fig_kl_pareto, fig_context, fig_decode, fig_heatmaps, fig_throughput]
+BUILDERS: List[Callable] = [fig_stage_errors, fig_kl_pareto, fig_context, fig_decode, fig_heatmaps,
+                            fig_model_budget, fig_throughput]
 
 
 def build_all(run: RunData, out_dir: str) -> List[Figure]:

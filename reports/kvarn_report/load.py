@@ -90,6 +90,7 @@ class Row:
     head: int
     value: float
     data: str = ""  # the tiles or, for accumulation/decode rows, the model the row is about
+    eff_bits: float = math.nan  # bits/element as stored at the measured length (NaN: not recorded)
 
 
 @dataclass
@@ -129,18 +130,46 @@ class RunData:
         parts = [r.value for r in rows if not math.isnan(r.value)]
         return float(np.mean(parts)) if parts else math.nan
 
-    def bits(self, key: MethodKey) -> float:
-        vals = [r.bits for r in self.rows if self.case_method.get(r.case_id) == key and not math.isnan(r.bits)]
-        if not vals:
-            return math.nan
-        return float(np.mean(vals))
+    def bits(self, key: MethodKey, data: Optional[str] = None) -> float:
+        """Steady-state bits/element (`bits_per_element`), one value per (case, data) averaged."""
+        return self._per_part_mean(key, data, lambda r: r.bits)
 
-    def layer_head(self, key: MethodKey, metric: str) -> Optional[np.ndarray]:
-        """[L, H] matrix of a per-layer/head metric from the summary rows (NaN where missing)."""
+    def effective_bits(self, key: MethodKey, data: Optional[str] = None) -> float:
+        """Bits/element as stored at the measured length (`effective_bits`); NaN when the run
+        does not record it.  `data=None` covers the tiles (not the per-model accumulation rows)."""
+        return self._per_part_mean(key, data, lambda r: r.eff_bits)
+
+    def budget(self, key: MethodKey, data: Optional[str] = None) -> Tuple[float, bool]:
+        """(bits, effective): effective bits where the run has them, else steady-state bits."""
+        e = self.effective_bits(key, data)
+        return (e, True) if not math.isnan(e) else (self.bits(key, data), False)
+
+    def has_effective_bits(self) -> bool:
+        return any(not math.isnan(r.eff_bits) for r in self.rows)
+
+    def _per_part_mean(self, key: MethodKey, data: Optional[str], get) -> float:
+        parts: Dict[Tuple[str, str], float] = {}
+        for r in self.rows:
+            if self.case_method.get(r.case_id) != key or math.isnan(get(r)):
+                continue
+            if data is None and r.scope in ACCUMULATION_SCOPES:
+                continue  # model-level budgets belong to their model's table
+            if data is not None and r.data != data:
+                continue
+            parts.setdefault((r.case_id, r.data), get(r))
+        if not parts and data is None:  # a run of accumulation rows only
+            parts = {(r.case_id, r.data): get(r) for r in self.rows
+                     if self.case_method.get(r.case_id) == key and not math.isnan(get(r))}
+        return float(np.mean(list(parts.values()))) if parts else math.nan
+
+    def layer_head(self, key: MethodKey, metric: str, data: Optional[str] = None) -> Optional[np.ndarray]:
+        """[L, H] matrix of a per-layer/head metric from the summary rows (of one `data` when
+        given; NaN where missing)."""
         rows = [
             r
             for r in self.rows
             if r.metric == metric and r.layer >= 0 and r.head >= 0 and self.case_method.get(r.case_id) == key
+            and (data is None or r.data == data)
         ]
         if not rows:
             return None
@@ -183,9 +212,27 @@ class RunData:
                     dims.setdefault(str(m["model"]), m["head_dim"])
         return [(n, dims.get(n)) for n in names]
 
+    def prompt_values(self, key: MethodKey, data: str, metric: str) -> Dict[str, float]:
+        """{prompt_id: value} of an accumulation/decode `metric` for one model (`data`, as in the
+        summary rows) from the case records' per-prompt summaries; several cases of the method
+        (seeds) are averaged per prompt.  Empty when the records hold no per-prompt values."""
+        acc: Dict[str, List[float]] = {}
+        for c in self.cases_of(key):
+            block = self.cases.get(c, {}).get("accumulation")
+            for m in (block.get("models") if isinstance(block, dict) else None) or []:
+                if not isinstance(m, dict) or str(m.get("model")) != data:
+                    continue
+                for p in m.get("prompts") or []:
+                    summ = p.get("summary") if isinstance(p, dict) else None
+                    v = _num(summ.get(metric)) if isinstance(summ, dict) else math.nan
+                    if not math.isnan(v):
+                        acc.setdefault(str(p.get("prompt_id")), []).append(v)
+        return {pid: float(np.mean(v)) for pid, v in acc.items()}
+
     # ------------------------------------------------------------------ arrays
     def arrays(self, case_id: str) -> Optional[Dict[str, np.ndarray]]:
-        """All datasets of arrays/<case_id>.h5 by path, or None when there is no such file."""
+        """All numeric datasets of arrays/<case_id>.h5 by path (and numeric attributes as
+        "group@attribute"), or None when there is no such file."""
         if case_id in self._arrays:
             return self._arrays[case_id]
         path = os.path.join(self.run_dir, "arrays", case_id + ".h5")
@@ -204,6 +251,11 @@ class RunData:
                                     out[name] = np.asarray(obj[()], dtype=float)
                                 except (TypeError, ValueError):
                                     pass  # non-numeric dataset: not plotted
+                            for an, av in obj.attrs.items():  # numeric attributes as "path@name"
+                                try:
+                                    out[f"{name}@{an}"] = np.asarray(av, dtype=float)
+                                except (TypeError, ValueError):
+                                    pass
 
                         f.visititems(visit)
                 except Exception as e:  # corrupt file: note it, keep going
@@ -300,6 +352,20 @@ def _readable(method: str, spec: str) -> str:
     return " ".join(out)
 
 
+def _fill_effective_bits(rows: List[Row], cases: Dict[str, Dict[str, Any]]) -> None:
+    """Rows of a summary without the `effective_bits` column take it from their case record's rows
+    of the same data, else from the case's `storage.effective_bits` row, where the run has them."""
+    stored = {(r.case_id, r.data): r.value for r in rows
+              if r.metric == "storage.effective_bits" and not math.isnan(r.value)}
+    for cid, rec in cases.items():
+        for row in (rec.get("rows") if isinstance(rec, dict) else None) or []:
+            if isinstance(row, dict) and not math.isnan(_num(row.get("effective_bits"))):
+                stored.setdefault((cid, str(row.get("data") or "")), _num(row.get("effective_bits")))
+    for r in rows:
+        if math.isnan(r.eff_bits):
+            r.eff_bits = stored.get((r.case_id, r.data), math.nan)
+
+
 def load_run(run_dir: str) -> RunData:
     if not os.path.isdir(run_dir):
         raise ReportError(f"{run_dir}: not a directory")
@@ -329,6 +395,7 @@ def load_run(run_dir: str) -> RunData:
                 head=_int(d.get("head")),
                 value=_num(d.get("value")),
                 data=str(d.get("data") or ""),
+                eff_bits=_num(d.get("effective_bits")),
             )
         )
     if not run.rows:
@@ -373,6 +440,7 @@ def load_run(run_dir: str) -> RunData:
                         run.cases[name[:-5]] = json.load(f)
                 except (OSError, ValueError) as e:
                     notes.append(f"cases/{name} could not be read ({e}).")
+    _fill_effective_bits(run.rows, run.cases)
     if not os.path.isdir(os.path.join(run_dir, "arrays")):
         notes.append("No arrays/ directory: figures that need per-position, per-layer or decode arrays use the summary or are skipped.")
 

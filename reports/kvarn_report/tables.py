@@ -14,13 +14,18 @@ from .load import ACCUMULATION_SCOPES, MethodKey, RunData
 class Column:
     header: str  # plain text
     latex: str  # LaTeX header
-    metric: Optional[str]  # None: bits per element
+    metric: Optional[str]  # None: bits per element (EFFECTIVE / STEADY)
     better: str  # "min" or "max"
     kind: str  # "bits", "sci" or "frac"
 
 
+EFFECTIVE, STEADY = "effective", "steady"
+EFFECTIVE_COLUMN = Column("Eff. bits/el", r"Eff.\ bits\,$\downarrow$", None, "min", EFFECTIVE)
+STEADY_COLUMN = Column("Steady bits/el", r"Steady bits", None, "none", STEADY)
+# A run without effective bits: its steady-state bits stand in, labelled as such.
+FALLBACK_COLUMN = Column("Bits/el (steady state)", r"Bits/el.\ (steady)\,$\downarrow$", None, "min", STEADY)
+
 MAIN_COLUMNS = [
-    Column("Bits/el", r"Bits/el.\,$\downarrow$", None, "min", "bits"),
     Column("K NMSE", r"K NMSE\,$\downarrow$", "key.end_to_end.nmse", "min", "sci"),
     Column("V NMSE", r"V NMSE\,$\downarrow$", "value.end_to_end.nmse", "min", "sci"),
     Column("Attn KL (nats)", r"Attn.\ KL\,$\downarrow$", "attention.kl.mean", "min", "sci"),
@@ -51,12 +56,22 @@ class Table:
     note: str
 
 
+def bits_columns(run: RunData) -> List[Column]:
+    return [EFFECTIVE_COLUMN, STEADY_COLUMN] if run.has_effective_bits() else [FALLBACK_COLUMN]
+
+
+def _bits_value(run: RunData, k: MethodKey, c: Column, data: Optional[str] = None) -> float:
+    return run.effective_bits(k, data) if c.kind == EFFECTIVE else run.bits(k, data)
+
+
 def _best_flags(values: List[List[float]], methods: List[MethodKey], columns: List[Column]) -> List[List[bool]]:
     candidates = [i for i, m in enumerate(methods) if m.family not in REFERENCE_FAMILIES]
     if not candidates:
         candidates = list(range(len(methods)))
     flags = [[False] * len(columns) for _ in methods]
     for j, c in enumerate(columns):
+        if c.better not in ("min", "max"):
+            continue
         vals = [(i, values[i][j]) for i in candidates if not math.isnan(values[i][j])]
         if len(vals) < 2:
             continue
@@ -68,16 +83,40 @@ def _best_flags(values: List[List[float]], methods: List[MethodKey], columns: Li
 
 
 def main_table(run: RunData) -> Table:
-    cols = [c for c in MAIN_COLUMNS
-            if c.metric is None or any(not math.isnan(run.value(k, c.metric)) for k in run.methods)]
+    cols = bits_columns(run) + [c for c in MAIN_COLUMNS
+                                if any(not math.isnan(run.value(k, c.metric)) for k in run.methods)]
     values = []
     for k in run.methods:
-        values.append([run.bits(k) if c.metric is None else run.value(k, c.metric) for c in cols])
+        values.append([_bits_value(run, k, c) if c.metric is None else run.value(k, c.metric) for c in cols])
     flags = _best_flags(values, run.methods, cols)
-    note = ("Mean over layers, heads and cases. Arrows give the better direction; bold marks the best "
+    note = (_bits_note(run) + " Mean over layers, heads and cases. Arrows give the better direction; bold marks the best "
             "value among the compressed methods (FP16 is the uncompressed reference and is not ranked). "
             "“–” means the metric is undefined or was not measured for that method.")
     return Table(run.methods, cols, values, flags, note)
+
+
+CI_METRIC = "decode.kl.mean"
+CI_COLUMN = Column("Decode KL 95% CI", r"Decode KL 95\,\% CI", CI_METRIC, "none", "text")
+
+
+def _ci_text(run: RunData, k: MethodKey, model: str) -> str:
+    """Bootstrap 95 % CI over prompts of the model's decode KL ("" without per-prompt values;
+    "n = 1" with one prompt)."""
+    from . import stats
+
+    vals = list(run.prompt_values(k, model, CI_METRIC).values())
+    ci = stats.bootstrap_ci(vals)
+    if ci is None:
+        return f"n = {len(vals)}" if vals else ""
+    return f"[{ci.lo:.2e}, {ci.hi:.2e}] (n = {ci.n})"
+
+
+def _bits_note(run: RunData) -> str:
+    if run.has_effective_bits():
+        return ("Eff. bits: bits/element as stored at the measured length (fp16 sink, windows, boundary "
+                "layers and metadata included); steady bits: the long-context limit.")
+    return ("Bits/el: steady-state bits/element; this run records no effective bits (as stored at the "
+            "measured length), so fp16 sinks, windows and boundary layers are not counted.")
 
 
 def accumulation_tables(run: RunData) -> List[Tuple[str, Table]]:
@@ -89,10 +128,22 @@ def accumulation_tables(run: RunData) -> List[Tuple[str, Table]]:
         methods = [k for k in run.methods if any(not math.isnan(grid[k, c.metric]) for c in cols)]
         if not cols or not methods:
             continue
-        values = [[grid[k, c.metric] for c in cols] for k in methods]
-        note = ("Last pseudo-decode block (final context) for MAE/NMSE, averaged over layers and prompts; "
+        bcols = bits_columns(run)
+        values = [[_bits_value(run, k, c, name) for c in bcols] + [grid[k, c.metric] for c in cols] for k in methods]
+        cis = {k: _ci_text(run, k, name) for k in methods}
+        cols = bcols + cols
+        if any(cis.values()):
+            cols.append(CI_COLUMN)
+            for row, k in zip(values, methods):
+                row.append(cis[k] or "–")
+        note = (_bits_note(run) + " Model-level bits average the fp16 boundary layers over all layers. Last pseudo-decode block (final context) for MAE/NMSE, averaged over layers and prompts; "
                 "decode columns are means over the teacher-forced (KL, top-1) and greedy free-running "
                 "(first divergence; = decode steps when none) steps. Bold: best compressed method.")
+        if CI_COLUMN in cols:
+            from . import stats
+
+            note += (f" Decode KL 95% CI: percentile bootstrap over prompts ({stats.RESAMPLES} resamples, "
+                     f"seed {stats.SEED}).")
         title = name + (f" (head_dim {head_dim})" if head_dim else "")
         out.append((title, Table(methods, cols, values, _best_flags(values, methods, cols), note)))
     return out
@@ -108,10 +159,12 @@ def accumulation_markdown(run: RunData) -> str:
 # ------------------------------------------------------------------ formatting
 
 
-def fmt_plain(v: float, kind: str) -> str:
+def fmt_plain(v, kind: str) -> str:
+    if isinstance(v, str):  # a preformatted cell (confidence intervals)
+        return v
     if math.isnan(v):
         return "–"
-    if kind == "bits":
+    if kind in ("bits", EFFECTIVE, STEADY):
         return f"{v:.2f}"
     if kind == "frac":
         return f"{v:.3f}"
@@ -147,8 +200,12 @@ def latex_escape(s: str) -> str:
     return "".join(rep.get(ch, ch) for ch in s)
 
 
+def _arrow(c: Column) -> str:
+    return {"min": " ↓", "max": " ↑"}.get(c.better, "")
+
+
 def to_markdown(t: Table) -> str:
-    head = ["Method"] + [c.header + (" ↓" if c.better == "min" else " ↑") for c in t.columns]
+    head = ["Method"] + [c.header + _arrow(c) for c in t.columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join([":---"] + ["---:"] * len(t.columns)) + "|"]
     for i, m in enumerate(t.methods):
         cells = [m.label.replace("|", "\\|")]
@@ -162,7 +219,7 @@ def to_markdown(t: Table) -> str:
 def to_html(t: Table) -> str:
     out = ['<table class="results">', "<thead><tr><th>Method</th>"]
     for c in t.columns:
-        out.append(f"<th>{html.escape(c.header)} {'↓' if c.better == 'min' else '↑'}</th>")
+        out.append(f"<th>{html.escape(c.header)}{_arrow(c)}</th>")
     out.append("</tr></thead><tbody>")
     for i, m in enumerate(t.methods):
         out.append(f"<tr><td class=\"m\">{html.escape(m.label)}</td>")

@@ -8,7 +8,7 @@ import json
 import os
 from typing import Any, List, Tuple
 
-from . import tables
+from . import budget, stats, tables
 from .figures import Figure
 from .load import RunData
 
@@ -18,9 +18,31 @@ def _s(v: Any) -> str:
         return "unknown"
     if isinstance(v, bool):
         return "yes" if v else "no"
+    if isinstance(v, list) and all(not isinstance(x, (dict, list)) for x in v):
+        return ", ".join(_s(x) for x in v) or "none"
     if isinstance(v, (dict, list)):
         return json.dumps(v, sort_keys=True)
     return str(v)
+
+
+def _label(k: str) -> str:
+    return k.replace("_", " ").capitalize()
+
+
+def readable_rows(label: str, v: Any) -> List[Tuple[str, str]]:
+    """One (label, text) row per scalar of a nested value: dicts become "label › key" rows, lists
+    of scalars one comma-separated row, lists of objects "label [i] › key" rows."""
+    if isinstance(v, dict) and v:
+        out: List[Tuple[str, str]] = []
+        for k in sorted(v):
+            out += readable_rows(f"{label} › {k.replace('_', ' ')}", v[k])
+        return out
+    if isinstance(v, list) and any(isinstance(x, (dict, list)) for x in v):
+        out = []
+        for i, x in enumerate(v):
+            out += readable_rows(f"{label} [{i}]", x)
+        return out
+    return [(label, _s(v))]
 
 
 def provenance_items(run: RunData) -> List[Tuple[str, str]]:
@@ -42,7 +64,9 @@ def provenance_items(run: RunData) -> List[Tuple[str, str]]:
     for k in sorted(p):  # anything else the engine recorded (driver, hostname ...)
         if k not in ("git_commit", "git_dirty", "date", "cpu", "gpu", "build_type", "compiler", "seed",
                      "command", "libraries"):
-            items.append((k.replace("_", " ").capitalize(), _s(p[k])))
+            items += readable_rows(_label(k), p[k])
+    items.append(("Bootstrap (report)", f"{stats.RESAMPLES} resamples, seed {stats.SEED}, "
+                                         f"{int(stats.LEVEL * 100)} % percentile intervals over prompts"))
     return items
 
 
@@ -51,7 +75,7 @@ def config_items(run: RunData) -> List[Tuple[str, str]]:
     items = []
     data = r.get("data")
     if isinstance(data, dict):
-        items.append(("Data", ", ".join(f"{k}={_s(v)}" for k, v in sorted(data.items()))))
+        items += readable_rows("Data", data)
     elif data is not None:
         items.append(("Data", _s(data)))
     methods = r.get("methods")
@@ -61,7 +85,7 @@ def config_items(run: RunData) -> List[Tuple[str, str]]:
     items.append(("Cases", str(len(run.case_method))))
     metrics = r.get("metrics")
     if metrics is not None:
-        items.append(("Metrics (config)", _s(metrics)))
+        items += readable_rows("Metrics (config)", metrics)
     items.append(("Summary rows", str(len(run.rows))))
     return items
 
@@ -71,6 +95,7 @@ def _title(run: RunData) -> str:
 
 
 MAIN_CAPTION = "Main results per method."
+BUDGET_HEADING = "At matched budget"
 ACCUMULATION_HEADING = "Error accumulation per model"
 
 CSS = """
@@ -106,6 +131,10 @@ def write_html(run: RunData, figs: List[Figure], table: tables.Table, out_dir: s
     h.append("<h2>Main results</h2>")
     h.append(tables.to_html(table))
     h.append(f"<p>{e(table.note)} LaTeX: <a href=\"tables/main.tex\">tables/main.tex</a>.</p>")
+    mb = budget.to_html(run)
+    if mb:
+        h.append(f"<h2>{BUDGET_HEADING}</h2>")
+        h.append(mb)
     acc = tables.accumulation_tables(run)
     if acc:
         h.append(f"<h2>{ACCUMULATION_HEADING}</h2>")
@@ -155,6 +184,9 @@ def write_markdown(run: RunData, figs: List[Figure], table: tables.Table, out_di
         m += ["", "<details><summary>Resolved configuration (resolved.json)</summary>", "", "```json",
               json.dumps(run.resolved, indent=2, sort_keys=True), "```", "", "</details>"]
     m += ["", "## Main results", "", tables.to_markdown(table), table.note + " LaTeX: `tables/main.tex`.", ""]
+    mb = budget.markdown(run)
+    if mb:
+        m += [f"## {BUDGET_HEADING}", "", mb]
     acc = tables.accumulation_markdown(run)
     if acc:
         m += [f"## {ACCUMULATION_HEADING}", "", acc]

@@ -42,6 +42,11 @@ std::string csv_field(const std::string& s) {
 
 std::string cell_text(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 
+// A row's cell; null for a column the row's record predates (effective_bits in older runs).
+json row_cell(const json& row, const std::string& column) {
+  return row.contains(column) ? row.at(column) : json(nullptr);
+}
+
 void copy_atomically(const fs::path& from, const fs::path& to) {
   write_atomically(to, [&](const fs::path& tmp) {
     fs::copy_file(from, tmp, fs::copy_options::overwrite_existing);
@@ -52,8 +57,8 @@ void copy_atomically(const fs::path& from, const fs::path& to) {
 
 const std::vector<std::string>& summary_columns() {
   static const std::vector<std::string> cols = {
-      "case_id", "method", "spec",  "family", "data", "bits_per_element",
-      "metric",  "scope",  "layer", "head",   "value"};
+      "case_id",        "method", "spec",  "family", "data", "bits_per_element",
+      "effective_bits", "metric", "scope", "layer",  "head", "value"};
   return cols;
 }
 
@@ -132,7 +137,7 @@ std::string summary_jsonl(const std::vector<json>& records) {
   for (const json& r : records) {
     for (const json& row : r.at("rows")) {
       ordered_json o;
-      for (const std::string& c : summary_columns()) o[c] = row.at(c);
+      for (const std::string& c : summary_columns()) o[c] = row_cell(row, c);
       out += o.dump() + "\n";
     }
   }
@@ -150,7 +155,7 @@ std::string summary_csv(const std::vector<json>& records) {
     for (const json& row : r.at("rows")) {
       for (std::size_t i = 0; i < summary_columns().size(); ++i) {
         if (i) out += ',';
-        out += csv_field(cell_text(row.at(summary_columns()[i])));
+        out += csv_field(cell_text(row_cell(row, summary_columns()[i])));
       }
       out += "\n";
     }

@@ -17,17 +17,12 @@ namespace fs = std::filesystem;
 using testing_util::write_file;
 
 json record(const std::string& id, const std::string& spec) {
-  json row = {{"case_id", id},
-              {"method", "m"},
-              {"spec", spec},
-              {"family", "kvarn"},
-              {"data", "sample"},
-              {"bits_per_element", 3.375},
-              {"metric", "key.end_to_end.nmse"},
-              {"scope", "key"},
-              {"layer", "all"},
-              {"head", "all"},
-              {"value", 0.25}};
+  json row = {{"case_id", id},          {"method", "m"},
+              {"spec", spec},           {"family", "kvarn"},
+              {"data", "sample"},       {"bits_per_element", 3.375},
+              {"effective_bits", 5.25}, {"metric", "key.end_to_end.nmse"},
+              {"scope", "key"},         {"layer", "all"},
+              {"head", "all"},          {"value", 0.25}};
   return {{"format", kCaseFormat},
           {"format_version", kCaseFormatVersion},
           {"case_id", id},
@@ -43,12 +38,23 @@ TEST_F(StoreTest, SummaryColumnsOrderAndCsvQuoting) {
   EXPECT_EQ(jl,
             "{\"case_id\":\"c000-aa\",\"method\":\"m\",\"spec\":\"kvarn:k=4,v=2,g=128\","
             "\"family\":\"kvarn\",\"data\":\"sample\",\"bits_per_element\":3.375,"
-            "\"metric\":\"key.end_to_end.nmse\",\"scope\":\"key\",\"layer\":\"all\","
-            "\"head\":\"all\",\"value\":0.25}\n");
-  EXPECT_EQ(summary_csv(recs),
-            "case_id,method,spec,family,data,bits_per_element,metric,scope,layer,head,value\n"
-            "c000-aa,m,\"kvarn:k=4,v=2,g=128\",kvarn,sample,3.375,key.end_to_end.nmse,key,all,all,"
-            "0.25\n");
+            "\"effective_bits\":5.25,\"metric\":\"key.end_to_end.nmse\",\"scope\":\"key\","
+            "\"layer\":\"all\",\"head\":\"all\",\"value\":0.25}\n");
+  EXPECT_EQ(
+      summary_csv(recs),
+      "case_id,method,spec,family,data,bits_per_element,effective_bits,metric,scope,layer,head,"
+      "value\n"
+      "c000-aa,m,\"kvarn:k=4,v=2,g=128\",kvarn,sample,3.375,5.25,key.end_to_end.nmse,key,all,"
+      "all,0.25\n");
+}
+
+// A record written before rows carried effective bits still summarizes, with the cell null.
+TEST_F(StoreTest, RowWithoutEffectiveBitsGivesNull) {
+  json rec = record("c000-aa", "fp8");
+  rec["rows"][0].erase("effective_bits");
+  EXPECT_NE(summary_jsonl({rec}).find("\"bits_per_element\":3.375,\"effective_bits\":null,"),
+            std::string::npos);
+  EXPECT_NE(summary_csv({rec}).find(",sample,3.375,null,key.end_to_end.nmse,"), std::string::npos);
 }
 
 TEST_F(StoreTest, CaseDoneValidatesAndSummariesFollowCaseOrder) {
