@@ -13,7 +13,6 @@
 #include "kvarn/data/error.hpp"
 #include "kvarn/data/quantized_file.hpp"
 #include "kvarn/data/tile_file.hpp"
-#include "kvarn/sweeps/commands.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>
