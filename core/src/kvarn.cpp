@@ -77,6 +77,61 @@ KvarnRecordLayout kvarn_record_layout(int head_dim, const KvarnConfig& cfg) {
   return l;
 }
 
+namespace {
+
+// The RTN row scale and zero-point folded into the Sinkhorn scale of the same axis, stored in the
+// record: keys (rows = channels) s_chan = s_row · scale, s_tok = s_col; values (rows = tokens)
+// s_tok = s_row · scale, s_chan = s_col.
+void store_folded_scales(bool is_key, const KvarnRecordLayout& lay, int d, int g,
+                         const VarnResult& vr, const float* scale, const float* lo,
+                         std::uint8_t* record) {
+  const std::size_t sb = lay.scale_bytes;
+  if (is_key) {
+    for (int c = 0; c < d; ++c) {
+      store_scale(record + lay.s_col_k + c * sb, vr.s_row[c] * scale[c], sb);
+      store_half(record + lay.zp_k + c * 2, vr.s_row[c] * lo[c]);
+    }
+    for (int t = 0; t < g; ++t) store_scale(record + lay.s_row_k + t * sb, vr.s_col[t], sb);
+  } else {
+    for (int c = 0; c < d; ++c) store_scale(record + lay.s_col_v + c * sb, vr.s_col[c], sb);
+    for (int t = 0; t < g; ++t) {
+      store_scale(record + lay.s_row_v + t * sb, vr.s_row[t] * scale[t], sb);
+      store_half(record + lay.zp_v + t * 2, vr.s_row[t] * lo[t]);
+    }
+  }
+}
+
+// The stage outputs read back from the record as stored (scales, zero-points, dequantization in
+// the rotated frame and after the inverse rotation).
+void record_stage_outputs(StreamKind kind, const KvarnRecordLayout& lay, const Rotation& rot,
+                          const std::uint8_t* record, KvarnStreamStages* st) {
+  const int d = rot.dim(), g = static_cast<int>(st->raw.size()) / d;
+  const std::size_t sb = lay.scale_bytes;
+  st->s_col.assign(d, 0);
+  st->s_row.assign(g, 0);
+  if (kind == StreamKind::kKey) {
+    st->zp.assign(d, 0);
+    for (int c = 0; c < d; ++c) {
+      st->s_col[c] = load_scale(record + lay.s_col_k + c * sb, sb);
+      st->zp[c] = load_half(record + lay.zp_k + c * 2);
+    }
+    for (int t = 0; t < g; ++t) st->s_row[t] = load_scale(record + lay.s_row_k + t * sb, sb);
+  } else {
+    st->zp.assign(g, 0);
+    for (int c = 0; c < d; ++c) st->s_col[c] = load_scale(record + lay.s_col_v + c * sb, sb);
+    for (int t = 0; t < g; ++t) {
+      st->s_row[t] = load_scale(record + lay.s_row_v + t * sb, sb);
+      st->zp[t] = load_half(record + lay.zp_v + t * 2);
+    }
+  }
+  st->dequant_rotated.resize(st->raw.size());
+  kvarn_decode_stream(kind, lay, record, st->dequant_rotated.data());
+  st->dequant = st->dequant_rotated;
+  rot.inverse(st->dequant.data(), g);
+}
+
+}  // namespace
+
 void kvarn_encode_stream(StreamKind kind, const KvarnConfig& cfg, const Rotation& rot,
                          const float* rows, std::uint8_t* record, KvarnStreamStages* st) {
   const int d = rot.dim(), g = cfg.group;
@@ -115,22 +170,7 @@ void kvarn_encode_stream(StreamKind kind, const KvarnConfig& cfg, const Rotation
                code_dst + r * row_bytes);
 
   // Scale absorption: the RTN row scale/zero fold into the Sinkhorn scale of the same axis.
-  const std::size_t sb = lay.scale_bytes;
-  if (is_key) {
-    // rows = channels: s_chan = s_row (varn), s_tok = s_col (varn)
-    for (int c = 0; c < d; ++c) {
-      store_scale(record + lay.s_col_k + c * sb, vr.s_row[c] * scale[c], sb);
-      store_half(record + lay.zp_k + c * 2, vr.s_row[c] * lo[c]);
-    }
-    for (int t = 0; t < g; ++t) store_scale(record + lay.s_row_k + t * sb, vr.s_col[t], sb);
-  } else {
-    // rows = tokens: s_tok = s_row, s_chan = s_col
-    for (int c = 0; c < d; ++c) store_scale(record + lay.s_col_v + c * sb, vr.s_col[c], sb);
-    for (int t = 0; t < g; ++t) {
-      store_scale(record + lay.s_row_v + t * sb, vr.s_row[t] * scale[t], sb);
-      store_half(record + lay.zp_v + t * 2, vr.s_row[t] * lo[t]);
-    }
-  }
+  store_folded_scales(is_key, lay, d, g, vr, scale.data(), lo.data(), record);
 
   if (st) {
     st->raw.assign(rows, rows + n);
@@ -140,27 +180,7 @@ void kvarn_encode_stream(StreamKind kind, const KvarnConfig& cfg, const Rotation
     st->codes = codes;
     st->rtn_scale = scale;
     st->rtn_lo = lo;
-    st->s_col.assign(d, 0);
-    st->s_row.assign(g, 0);
-    if (is_key) {
-      st->zp.assign(d, 0);
-      for (int c = 0; c < d; ++c) {
-        st->s_col[c] = load_scale(record + lay.s_col_k + c * sb, sb);
-        st->zp[c] = load_half(record + lay.zp_k + c * 2);
-      }
-      for (int t = 0; t < g; ++t) st->s_row[t] = load_scale(record + lay.s_row_k + t * sb, sb);
-    } else {
-      st->zp.assign(g, 0);
-      for (int c = 0; c < d; ++c) st->s_col[c] = load_scale(record + lay.s_col_v + c * sb, sb);
-      for (int t = 0; t < g; ++t) {
-        st->s_row[t] = load_scale(record + lay.s_row_v + t * sb, sb);
-        st->zp[t] = load_half(record + lay.zp_v + t * 2);
-      }
-    }
-    st->dequant_rotated.resize(n);
-    kvarn_decode_stream(kind, lay, record, st->dequant_rotated.data());
-    st->dequant = st->dequant_rotated;
-    rot.inverse(st->dequant.data(), g);
+    record_stage_outputs(kind, lay, rot, record, st);
   }
 }
 

@@ -6,6 +6,8 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "kvarn/sweeps/provenance.hpp"  // kKvarnEvalVersion
+
 namespace kvarn {
 
 // Thrown by a subcommand that must end with a specific exit code that is not an error (e.g.
@@ -13,8 +15,6 @@ namespace kvarn {
 struct CommandExit {
   int code;
 };
-
-inline constexpr const char* kKvarnEvalVersion = "0.1.0";
 
 // `kvarn-eval methods`: every registered method with its exact storage accounting.
 void add_methods_command(CLI::App& app);

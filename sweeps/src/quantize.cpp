@@ -13,6 +13,7 @@
 #include "kvarn/data/error.hpp"
 #include "kvarn/data/quantized_file.hpp"
 #include "kvarn/data/tile_file.hpp"
+#include "kvarn/sweeps/provenance.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>

@@ -13,6 +13,7 @@
 
 #include "kvarn/core/attention_ref.hpp"
 #include "kvarn/core/portable_math.hpp"
+#include "kvarn/core/rng.hpp"
 #include "kvarn/core/rotation.hpp"
 #include "kvarn/cuda/api.hpp"
 
@@ -78,6 +79,39 @@ inline std::vector<float> decode_reference(const std::vector<std::uint16_t>& q, 
 }
 
 // The problem shape every decode test sets up (format-specific fields are set by the caller).
+// A random paged layout: ragged lengths (1 token, exact multiples of the block, block + 1, any
+// length up to max_len), and physical blocks handed out in a shuffled order so that neighbouring
+// logical blocks are never neighbours in memory.
+struct PagedLayout {
+  std::vector<int> lens;
+  int max_blocks = 0, num_phys = 0;
+  std::vector<int> perm;  // the n-th block handed out is physical block perm[n]
+};
+
+inline PagedLayout random_paged_layout(int batch, int max_len, int block, kvarn::Rng& rng,
+                                       bool first_full = false) {
+  PagedLayout l;
+  l.lens.resize(batch);
+  for (int b = 0; b < batch; ++b) {
+    const int pick = static_cast<int>(rng.next() % 5);
+    l.lens[b] = pick == 0 ? 1
+                : pick == 1 ? std::min(max_len, block * (1 + static_cast<int>(rng.next() % 3)))
+                : pick == 2 ? std::min(max_len, block + 1)
+                            : 1 + static_cast<int>(rng.next() % max_len);
+  }
+  if (first_full && batch == 1) l.lens[0] = max_len;
+  int total_blocks = 0;
+  for (int L : l.lens) {
+    l.max_blocks = std::max(l.max_blocks, (L + block - 1) / block);
+    total_blocks += (L + block - 1) / block;
+  }
+  l.num_phys = total_blocks + 3;
+  l.perm.resize(l.num_phys);
+  for (int i = 0; i < l.num_phys; ++i) l.perm[i] = i;
+  for (int i = l.num_phys - 1; i > 0; --i) std::swap(l.perm[i], l.perm[rng.next() % (i + 1)]);
+  return l;
+}
+
 inline kvarn::cuda::DecodeProblem decode_problem(kvarn::cuda::DecodeFormat format, int batch,
                                                  int num_q_heads, int num_kv_heads, int head_dim,
                                                  int block_size, int max_blocks,

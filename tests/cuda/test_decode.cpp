@@ -61,23 +61,10 @@ TEST_P(PagedDecode, MatchesCpuReference) {
   const Rotation rot(kv ? RotationKind::kHadamard : RotationKind::kNone, d);
 
   // ragged lengths: include 1 token, exact multiples of G, and G + 1
-  std::vector<int> lens(c.batch);
-  for (int b = 0; b < c.batch; ++b) {
-    const int pick = static_cast<int>(rng.next() % 5);
-    lens[b] = pick == 0 ? 1
-              : pick == 1 ? std::min(c.max_len, g * (1 + static_cast<int>(rng.next() % 3)))
-              : pick == 2 ? std::min(c.max_len, g + 1)
-                          : 1 + static_cast<int>(rng.next() % c.max_len);
-  }
-  int max_blocks = 0, total_blocks = 0;
-  for (int L : lens) {
-    max_blocks = std::max(max_blocks, (L + g - 1) / g);
-    total_blocks += (L + g - 1) / g;
-  }
-  const int num_phys = total_blocks + 3;
-  std::vector<int> perm(num_phys);
-  std::iota(perm.begin(), perm.end(), 0);
-  for (int i = num_phys - 1; i > 0; --i) std::swap(perm[i], perm[rng.next() % (i + 1)]);
+  const PagedLayout layout = random_paged_layout(c.batch, c.max_len, g, rng);
+  const std::vector<int>& lens = layout.lens;
+  const int max_blocks = layout.max_blocks, num_phys = layout.num_phys;
+  const std::vector<int>& perm = layout.perm;
   std::vector<int> table(static_cast<std::size_t>(c.batch) * max_blocks, -1);
   std::vector<int> to_slot(num_phys, -1);
   int next_phys = 0, next_slot = 0;

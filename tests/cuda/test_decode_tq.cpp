@@ -84,24 +84,10 @@ TEST_P(TqDecode, MatchesCpuReference) {
   const int slot = cuda::turboquant_slot_bytes(d, qc);
   ASSERT_EQ(static_cast<std::size_t>(slot), kcodec->chunk_bytes() + vcodec->chunk_bytes());
 
-  std::vector<int> lens(c.batch);
-  for (int b = 0; b < c.batch; ++b) {
-    const int pick = static_cast<int>(rng.next() % 5);
-    lens[b] = pick == 0 ? 1
-              : pick == 1 ? std::min(c.max_len, P * (1 + static_cast<int>(rng.next() % 3)))
-              : pick == 2 ? std::min(c.max_len, P + 1)
-                          : 1 + static_cast<int>(rng.next() % c.max_len);
-  }
-  if (c.batch == 1) lens[0] = c.max_len;
-  int max_blocks = 0, total_blocks = 0;
-  for (int L : lens) {
-    max_blocks = std::max(max_blocks, (L + P - 1) / P);
-    total_blocks += (L + P - 1) / P;
-  }
-  const int num_phys = total_blocks + 3;
-  std::vector<int> perm(num_phys);
-  std::iota(perm.begin(), perm.end(), 0);
-  for (int i = num_phys - 1; i > 0; --i) std::swap(perm[i], perm[rng.next() % (i + 1)]);
+  const PagedLayout layout = random_paged_layout(c.batch, c.max_len, P, rng, true);
+  const std::vector<int>& lens = layout.lens;
+  const int max_blocks = layout.max_blocks, num_phys = layout.num_phys;
+  const std::vector<int>& perm = layout.perm;
   std::vector<int> table(static_cast<std::size_t>(c.batch) * max_blocks, -1);
   std::vector<std::uint8_t> cache(static_cast<std::size_t>(num_phys) * hkv * P * slot, 0xFF);
   std::vector<std::vector<float>> kref(c.batch * hkv), vref(c.batch * hkv);

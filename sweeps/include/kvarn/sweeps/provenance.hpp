@@ -14,6 +14,9 @@
 
 namespace kvarn {
 
+// The harness version written into every output's provenance.
+inline constexpr const char* kKvarnEvalVersion = "0.1.0";
+
 // SHA-256 (FIPS 180-4) of `data`, as 64 lowercase hex digits.
 std::string sha256_hex(const std::string& data);
 
