@@ -3,12 +3,16 @@
 #include <nlohmann/json.hpp>
 
 #include "kvarn/data/error.hpp"
+#include "kvarn/data/read_file.hpp"
 #include "kvarn/eval/model.hpp"
 
 namespace kvarn {
 namespace {
 
 using nlohmann::json;
+
+// config.json is a few KB; 16 MiB leaves room for any real one and bounds what is read.
+constexpr std::uintmax_t kMaxJsonBytes = std::uintmax_t{16} << 20;
 
 struct Reader {
   const json& j;
@@ -100,13 +104,12 @@ RopeConfig parse_rope(const Reader& r) {
 
 ModelConfig load_model_config(const std::filesystem::path& path) {
   const std::string file = path.string();
-  std::ifstream in(path);
-  KVARN_CHECK(in, file, ": cannot read model config (missing config.json?)");
+  const std::string text = read_regular_file(path, "model config (config.json)", kMaxJsonBytes);
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const json::exception& e) {
-    fail(file, ": corrupt config (invalid JSON): ", e.what());
+    fail(file, ": corrupt config (invalid JSON): ", without_tag(e.what()));
   }
   KVARN_CHECK(j.is_object(), file, ": config is not a JSON object");
   Reader r{j, file};
@@ -141,9 +144,17 @@ ModelConfig load_model_config(const std::filesystem::path& path) {
   KVARN_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 &&
                   c.num_layers > 0 && c.num_heads > 0 && c.num_kv_heads > 0,
               file, ": sizes must be positive");
+  // Sizes far beyond any supported model are damage: rejected before anything is sized by them.
+  KVARN_CHECK(c.num_layers <= 4096 && c.num_heads <= 4096 && c.num_kv_heads <= 4096 &&
+                  c.hidden_size <= (1 << 20) && c.intermediate_size <= (1 << 22) &&
+                  c.vocab_size <= (1 << 24),
+              file, ": sizes (num_hidden_layers ", c.num_layers, ", num_attention_heads ",
+              c.num_heads, ", num_key_value_heads ", c.num_kv_heads, ", hidden_size ",
+              c.hidden_size, ", intermediate_size ", c.intermediate_size, ", vocab_size ",
+              c.vocab_size, ") exceed the supported maxima (4096, 4096, 4096, 2^20, 2^22, 2^24)");
   c.head_dim = r.get_int("head_dim", c.hidden_size / c.num_heads);
-  KVARN_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0, file, ": head_dim ", c.head_dim,
-              " must be positive and even");
+  KVARN_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0 && c.head_dim <= 4096, file, ": head_dim ",
+              c.head_dim, " must be positive, even and at most 4096");
   KVARN_CHECK(c.num_heads % c.num_kv_heads == 0, file, ": num_attention_heads ", c.num_heads,
               " is not a multiple of num_key_value_heads ", c.num_kv_heads);
   c.max_position_embeddings = r.get_int("max_position_embeddings", 2048);

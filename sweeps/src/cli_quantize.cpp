@@ -90,7 +90,7 @@ double sum_sq_err(const Matrix& a, const Matrix& b) {
 // payload bytes written (must equal the chunks' own byte count).
 std::size_t write_stream(H5::Group& parent, const char* name, const std::vector<Chunk>& chunks,
                          const StreamCodec& codec, int num_kept, const std::string& where) {
-  H5::Group g = parent.createGroup(name);
+  H5::Group g = h5::create_group(parent, name);
   const StreamPolicy p = codec.policy();
   h5::write_int_attr(g, "num_chunks", static_cast<long long>(chunks.size()));
   h5::write_int_attr(g, "chunk_tokens", p.chunk);
@@ -203,7 +203,7 @@ void run_quantize(const QuantizeOptions& o) {
       out,
       [&](const fs::path& tmp) {
         try {
-          H5::H5File file(tmp.string(), H5F_ACC_TRUNC);
+          H5::H5File file = h5::create_file(tmp.string());
           h5::write_string_attr(file, "format", kQuantizedFormat);
           h5::write_int_attr(file, "format_version", kQuantizedFormatVersion);
           h5::write_string_attr(file, "method", method->name());
@@ -213,15 +213,15 @@ void run_quantize(const QuantizeOptions& o) {
           h5::write_int_attr(file, "num_layers", info.num_layers);
           h5::write_int_attr(file, "head_dim", D);
           h5::write_string_attr(file, "provenance", prov.dump());
-          H5::Group seq_root = file.createGroup("sequences");
+          H5::Group seq_root = h5::create_group(file, "sequences");
           for (int s : seqs) {
             const SequenceInfo& si = reader.sequence(s);
-            H5::Group gs = seq_root.createGroup(si.name);
+            H5::Group gs = h5::create_group(seq_root, si.name);
             h5::write_int_attr(gs, "num_tokens", si.num_tokens);
             h5::write_string_attr(gs, "prompt_id", si.prompt_id);
             for (int li : layers) {
               const int model_layer = info.layers[li];
-              H5::Group gl = gs.createGroup(two_digits("layer_", model_layer));
+              H5::Group gl = h5::create_group(gs, two_digits("layer_", model_layer));
               h5::write_int_attr(gl, "model_layer", model_layer);
               h5::write_int_attr(gl, "captured_index", li);
               const LayerContext ctx{model_layer, info.num_layers};
@@ -233,7 +233,7 @@ void run_quantize(const QuantizeOptions& o) {
                 const Matrix v = reader.read(s, "v", li, h);
                 const SequenceResult r = quantize_sequence(*method, k, v, ctx);
                 const int T = si.num_tokens;
-                H5::Group gh = gl.createGroup(two_digits("head_", h));
+                H5::Group gh = h5::create_group(gl, two_digits("head_", h));
                 const hsize_t t = T, d = D;
                 const hsize_t rows = std::min<hsize_t>(t, 256);
                 h5::write_dataset(gh, "k_hat", H5::PredType::IEEE_F32LE, H5::PredType::NATIVE_FLOAT,
