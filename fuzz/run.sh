@@ -33,10 +33,19 @@ for t in $targets; do
   if ! ASAN_OPTIONS=$asan "$dir/fuzz_$t" "$work/$t/corpus" "fuzz/corpus/$t" \
       -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 -max_len=65536 \
       -print_final_stats=1 $extra -artifact_prefix="$work/$t/artifacts/" >"$log" 2>&1; then
-    status=1
-    echo "fuzz_$t: FAILED (log $log, input in $work/$t/artifacts/)"
-    grep -m3 -E "ERROR|==[0-9]+==|terminate|Assertion" "$log" || tail -n 20 "$log"
-    continue
+    # In -fork mode with -ignore_timeouts the exit status counts the known libhdf5 hang too:
+    # only crashes and out-of-memory reports (the last status line) fail the tile reader.
+    last=$(grep -E '^#[0-9]+: cov:' "$log" | tail -n 1)
+    counts=$(echo "$last" | sed -n 's|.*oom/timeout/crash: \([0-9]*\)/\([0-9]*\)/\([0-9]*\).*|\1 \2 \3|p')
+    if [ "$t" = tile_reader ] && [ -z "${KVARN_FUZZ_ARGS:-}" ] && [ -n "$counts" ] &&
+       [ "$(echo "$counts" | awk '{print $1 + $3}')" = 0 ]; then
+      echo "fuzz_$t: $(echo "$counts" | awk '{print $2}') timeouts in libhdf5 (known hang, docs/fuzzing.md; inputs in $work/$t/artifacts/)"
+    else
+      status=1
+      echo "fuzz_$t: FAILED (log $log, input in $work/$t/artifacts/)"
+      grep -m3 -E "ERROR|==[0-9]+==|terminate|Assertion" "$log" || tail -n 20 "$log"
+      continue
+    fi
   fi
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
   # -fork mode reports totals as "#N: cov: ..." lines instead.

@@ -114,7 +114,7 @@ std::vector<CapturePrompt> load_capture_prompts(const fs::path& path,
     json obj;
     try {
       obj = json::parse(line);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse errors and numbers beyond double's range
       fail(at, ": invalid JSON (", without_tag(e.what()), ")");
     }
     KVARN_CHECK(obj.is_object(), at, ": each line must be a JSON object {\"id\", \"text\"} or ",
@@ -224,7 +224,7 @@ std::string render_chat_prompt(const fs::path& model_dir, const std::string& tex
   json j;
   try {
     j = json::parse(read_text_file(cfg, "tokenizer config"));
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     fail(cfg.string(), ": invalid JSON (", e.what(), ")");
   }
   KVARN_CHECK(j.is_object() && j.contains("chat_template") && j["chat_template"].is_string(),
@@ -344,7 +344,7 @@ CaptureResult run_capture(const CaptureOptions& o) {
   json config_json;
   try {
     config_json = json::parse(read_text_file(cfg.path, "config"));
-  } catch (const json::parse_error&) {
+  } catch (const json::exception&) {
     config_json = nullptr;  // load_model_config accepted it, so this cannot happen
   }
   json sha = json::object();

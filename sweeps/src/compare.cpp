@@ -89,7 +89,12 @@ std::vector<SummaryRow> parse_summary_jsonl(const std::string& text, const std::
     start = end + 1;
     if (trim(line).empty()) continue;
     const std::string at = where + ":" + std::to_string(n);
-    const json row = json::parse(line, nullptr, false);
+    json row;
+    try {
+      row = json::parse(line, nullptr, false);
+    } catch (const json::exception& e) {  // a number beyond double's range throws regardless
+      fail(at, ": not valid JSON: ", without_tag(e.what()));
+    }
     KVARN_CHECK(!row.is_discarded() && row.is_object(), at, ": not a JSON object row");
     for (const char* k : {"spec", "metric", "scope", "layer", "head", "value"}) {
       KVARN_CHECK(row.contains(k), at, ": row has no key '", k, "'");

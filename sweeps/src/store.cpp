@@ -65,6 +65,8 @@ json parse_json_text(const std::string& text, const std::string& where) {
     const auto detail = what.find(": ");
     fail(where, ": not valid JSON at ", line_column(text, e.byte > 0 ? e.byte - 1 : 0),
          detail == std::string::npos ? std::string() : what.substr(detail));
+  } catch (const json::exception& e) {  // e.g. a number beyond double's range
+    fail(where, ": not valid JSON: ", without_tag(e.what()));
   }
 }
 

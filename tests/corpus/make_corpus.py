@@ -259,6 +259,11 @@ def runs_corpus(kvarn_eval):
     variant("case_value_text", case_edit(lambda rec: rec["rows"][0].__setitem__("value", "x")))
     variant("case_truncated", lambda p: rewrite(os.path.join(p, "cases", ids[1] + ".json"),
                                                 lambda t: t[: len(t) // 2]))
+    variant("summary_number_overflow", summary_line(
+        2, lambda line: line.rsplit('"value":', 1)[0] + '"value":7.0e479}'))
+    variant("case_number_overflow", lambda p: rewrite(
+        os.path.join(p, "cases", ids[1] + ".json"),
+        lambda t: t.replace('"format_version": 1', '"format_version": 1e999', 1)))
     variant("no_config_yaml", lambda p: os.remove(os.path.join(p, "config.yaml")))
     print("case ids:", ids)
 
