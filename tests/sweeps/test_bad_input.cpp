@@ -94,8 +94,14 @@ TEST_F(BadInputTest, EveryCorpusCaseFailsCleanly) {
     const Outcome r = run_in_source_root(args, scratch);
     const int want = c.value("exit", 2);
     EXPECT_EQ(r.code, want) << r.err;
-    if (c.contains("error")) {
-      const std::string expect = substitute(c.at("error").get<std::string>(), vars);
+    std::string expect = substitute(c.value("error", ""), vars);
+#if !KVARN_HAVE_RUNNER
+    // Without libtorch `capture` is refused before it reads anything: still one clean error.
+    if (!args.empty() && args.front() == "capture") {
+      expect = "capture: kvarn-eval was built without libtorch";
+    }
+#endif
+    if (!expect.empty()) {
       // One error line, the last one ("kvarn-eval: error: ..."), holding the file and place;
       // lines before it may only be progress ("[capture] loading ...").
       const std::size_t last = r.err.rfind('\n', r.err.size() >= 2 ? r.err.size() - 2 : 0);
