@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One kvarn-eval sweep shard per Slurm array task; the last task to finish merges.
 #   sbatch --array=0-7 docs/slurm_array.sh configs/aime25.yaml [--set key=value ...]
+# Resubmit failed tasks alone, naming the original shard count (docs/scale-out.md):
+#   KVARN_SHARDS=8 sbatch --array=2,5 docs/slurm_array.sh configs/aime25.yaml [--set ...]
 #SBATCH --job-name=kvarn-sweep
 #SBATCH --cpus-per-task=4
 #SBATCH --gres=gpu:1
@@ -12,7 +14,8 @@ CONFIG=${1:?usage: sbatch --array=0-N docs/slurm_array.sh CONFIG [--set ...]}
 shift
 BIN=${KVARN_EVAL:-build/bin/kvarn-eval}
 I=${SLURM_ARRAY_TASK_ID:?not running as an array task}
-N=${SLURM_ARRAY_TASK_COUNT:?not running as an array task}
+# The shard count is that of the first submission; a resubmission of some tasks has fewer.
+N=${KVARN_SHARDS:-${SLURM_ARRAY_TASK_COUNT:?not running as an array task}}
 
 # Each task writes its own shard directory; reruns (requeue) resume it.
 "$BIN" sweep "$CONFIG" "$@" --shard "$I/$N" --no-report

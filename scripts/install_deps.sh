@@ -5,7 +5,8 @@ set -euo pipefail
 
 apt_packages=(cmake ninja-build g++ pkg-config libeigen3-dev libhdf5-dev libcli11-dev
               libyaml-cpp-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
-              libpcre2-dev python3 python3-pip)
+              libpcre2-dev python3 python3-pip
+              clang libclang-rt-dev)  # clang + its sanitizer/libFuzzer runtimes: fuzz/build.sh
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

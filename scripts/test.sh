@@ -13,4 +13,11 @@ ctest --test-dir "${KVARN_BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" |
 pytest_rc=0
 python3 -m pytest tests || pytest_rc=$?
 echo "test.sh: ctest exit $ctest_rc, pytest exit $pytest_rc"
-[ "$ctest_rc" = 0 ] && [ "$pytest_rc" = 0 ]
+if [ "$ctest_rc" != 0 ] || [ "$pytest_rc" != 0 ]; then exit 1; fi
+
+# Sanitizers: the CPU suite under ASan + UBSan (its own build directory, with the libFuzzer
+# targets), then every fuzz target for 60 seconds (docs/fuzzing.md). KVARN_SKIP_SANITIZE=1 skips.
+if [ "${KVARN_SKIP_SANITIZE:-0}" != 1 ]; then
+  KVARN_WERROR=ON scripts/sanitize.sh
+  KVARN_FUZZ_BUILD_DIR=build-asan fuzz/run.sh all 60
+fi

@@ -95,6 +95,24 @@ H5::StrType utf8_string_type() {
 }
 }  // namespace
 
+H5::H5File create_file(const std::string& path) {
+  H5::FileCreatPropList fcpl;  // the root group's object header takes these settings
+  H5Pset_obj_track_times(fcpl.getId(), false);
+  return H5::H5File(path, H5F_ACC_TRUNC, fcpl);
+}
+
+H5::Group create_group(const H5::Group& parent, const std::string& name) {
+  const hid_t gcpl = H5Pcreate(H5P_GROUP_CREATE);
+  H5Pset_obj_track_times(gcpl, false);
+  const hid_t id = H5Gcreate2(parent.getId(), name.c_str(), H5P_DEFAULT, gcpl, H5P_DEFAULT);
+  H5Pclose(gcpl);
+  if (id < 0) throw H5::GroupIException("create_group", "H5Gcreate2 failed for " + name);
+  H5::Group g(id);
+  // Some HDF5 versions' Group(hid_t) takes a reference of its own: keep exactly one.
+  if (H5Iget_ref(id) > 1) H5Idec_ref(id);
+  return g;
+}
+
 void write_string_attr(H5::H5Object& obj, const std::string& name, const std::string& value) {
   H5::StrType t = utf8_string_type();
   H5::Attribute a = obj.createAttribute(name, t, H5::DataSpace(H5S_SCALAR));
@@ -125,6 +143,7 @@ H5::DataSet write_dataset(H5::Group& g, const std::string& name, const H5::DataT
   hsize_t total = 1;
   for (hsize_t d : dims) total *= d;
   H5::DSetCreatPropList plist;
+  H5Pset_obj_track_times(plist.getId(), false);
   if (total > 0 && rank > 0) {
     if (chunk.empty()) chunk = dims;
     for (int i = 0; i < rank; ++i) chunk[i] = std::max<hsize_t>(1, std::min(chunk[i], dims[i]));

@@ -51,7 +51,7 @@ H5::DataSet write_plain(H5::Group& g, const std::string& name, const H5::DataTyp
 
 void write_stream(H5::Group& parent, const char* name, const QuantizedStream& s,
                   const std::string& where) {
-  H5::Group g = parent.createGroup(name);
+  H5::Group g = h5::create_group(parent, name);
   h5::write_int_attr(g, "num_chunks", s.num_chunks());
   h5::write_int_attr(g, "chunk_tokens", s.chunk_tokens);
   h5::write_int_attr(g, "sink", s.sink);
@@ -83,7 +83,7 @@ void write_head(H5::Group& gl, int head, const QuantizedSlab& s, bool reconstruc
   const hsize_t t = s.num_tokens;
   KVARN_CHECK(s.k_quantized.size() == t && s.v_quantized.size() == t, where,
               ": quantized-token masks must have ", t, " entries");
-  H5::Group gh = gl.createGroup(quantized_group_name("head", head));
+  H5::Group gh = h5::create_group(gl, quantized_group_name("head", head));
   if (reconstruction) {
     const std::size_t n = static_cast<std::size_t>(t) * d;
     KVARN_CHECK(s.k_hat.size() == n && s.v_hat.size() == n, where,
@@ -125,7 +125,7 @@ QuantizedFileWriter::QuantizedFileWriter(const fs::path& path, QuantizedFileInfo
               ": QuantizedFileInfo needs positive head_dim and num_layers");
   impl_ = std::make_unique<Impl>();
   try {
-    impl_->file = H5::H5File(tmp_.string(), H5F_ACC_TRUNC);
+    impl_->file = h5::create_file(tmp_.string());
     H5::H5File& file = impl_->file;
     h5::write_string_attr(file, "format", kQuantizedFormat);
     h5::write_int_attr(file, "format_version", kQuantizedFormatVersion);
@@ -137,7 +137,7 @@ QuantizedFileWriter::QuantizedFileWriter(const fs::path& path, QuantizedFileInfo
     h5::write_int_attr(file, "head_dim", info_.head_dim);
     h5::write_int_attr(file, "reconstruction", info_.reconstruction ? 1 : 0);
     h5::write_string_attr(file, "provenance", info_.provenance);
-    impl_->sequences = file.createGroup("sequences");
+    impl_->sequences = h5::create_group(file, "sequences");
   } catch (const H5::Exception& e) {
     impl_.reset();
     std::error_code ec;
@@ -166,14 +166,14 @@ void QuantizedFileWriter::add_slab(const SlabKey& key, const QuantizedSlab& slab
   Impl& m = *impl_;
   try {
     if (key.sequence != m.sequence_name) {
-      m.sequence = m.sequences.createGroup(key.sequence);
+      m.sequence = h5::create_group(m.sequences, key.sequence);
       h5::write_int_attr(m.sequence, "num_tokens", key.num_tokens);
       h5::write_string_attr(m.sequence, "prompt_id", key.prompt_id);
       m.sequence_name = key.sequence;
       m.layer_index = -1;
     }
     if (key.model_layer != m.layer_index) {
-      m.layer = m.sequence.createGroup(layer);
+      m.layer = h5::create_group(m.sequence, layer);
       h5::write_int_attr(m.layer, "model_layer", key.model_layer);
       h5::write_int_attr(m.layer, "captured_index", key.captured_index);
       m.layer_index = key.model_layer;

@@ -110,25 +110,78 @@ std::vector<hsize_t> extent(const H5::DataSet& ds) {
   return dims;
 }
 
-std::vector<int> read_int_vector(const H5::DataSet& ds, const Where& w) {
+// Deflate cannot expand data more than 1032:1; a claimed size beyond that of what is stored is
+// not data but a damaged or hostile header.
+constexpr long double kMaxCompressionRatio = 1100.0L;
+
+// A dataset's claimed size must be backed by the file before anything is allocated for it:
+// every chunk stored, the stored bytes within the file, the claimed bytes within what they can
+// decompress to. Messages give the numbers.
+void check_backed(const H5::DataSet& ds, const std::vector<hsize_t>& dims, std::size_t elem_size,
+                  std::uintmax_t file_size, const Where& w) {
+  long double claimed = static_cast<long double>(elem_size);
+  for (hsize_t d : dims) claimed *= static_cast<long double>(d);
+  if (claimed == 0) return;
+  const auto bytes = [](long double n) {
+    std::ostringstream os;
+    if (n < 1.8e19L) {
+      os << static_cast<unsigned long long>(n);
+    } else {
+      os << static_cast<double>(n);
+    }
+    return os.str();
+  };
+  const hsize_t stored = ds.getStorageSize();
+  const hid_t dcpl = H5Dget_create_plist(ds.getId());
+  const H5D_layout_t layout = H5Pget_layout(dcpl);
+  std::vector<hsize_t> chunk(dims.size(), 0);
+  if (layout == H5D_CHUNKED) H5Pget_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data());
+  H5Pclose(dcpl);
+  if (layout == H5D_CHUNKED) {
+    // Every chunk of the claimed extent must be stored; unwritten chunks would read as fill.
+    long double expected = 1;
+    for (std::size_t i = 0; i < dims.size(); ++i) {
+      expected *= std::ceil(static_cast<long double>(dims[i]) / std::max<hsize_t>(1, chunk[i]));
+    }
+    hsize_t present = 0;
+    const H5::DataSpace space = ds.getSpace();
+    KVARN_CHECK(H5Dget_num_chunks(ds.getId(), space.getId(), &present) >= 0 &&
+                    static_cast<long double>(present) == expected,
+                w.str(), ": shape ", dims_text(dims), " claims ", bytes(claimed), " bytes in ",
+                bytes(expected), " chunks but the file stores ", present, " chunks (", stored,
+                " bytes)");
+  } else if (layout == H5D_CONTIGUOUS) {
+    KVARN_CHECK(static_cast<long double>(stored) == claimed, w.str(), ": shape ", dims_text(dims),
+                " claims ", bytes(claimed), " bytes but the file stores ", stored);
+  }
+  KVARN_CHECK(stored <= file_size, w.str(), ": claims ", stored,
+              " bytes of storage, more than the whole file (", file_size, " bytes)");
+  KVARN_CHECK(claimed <= kMaxCompressionRatio * static_cast<long double>(stored), w.str(),
+              ": shape ", dims_text(dims), " claims ", bytes(claimed), " bytes, more than its ",
+              stored, " stored bytes can hold");
+}
+
+std::vector<int> read_int_vector(const H5::DataSet& ds, std::uintmax_t file_size, const Where& w) {
   H5::DataType t = ds.getDataType();
   KVARN_CHECK(t.getClass() == H5T_INTEGER, w.str(), ": dtype is ", type_text(t),
               ", expected int32");
   std::vector<hsize_t> dims = extent(ds);
   KVARN_CHECK(dims.size() == 1, w.str(), ": expected a 1-D dataset, shape is ", dims_text(dims));
+  check_backed(ds, dims, t.getSize(), file_size, w);
   std::vector<int> v(dims[0]);
   if (!v.empty()) ds.read(v.data(), H5::PredType::NATIVE_INT);
   return v;
 }
 
 void check_slab_dataset(const H5::DataSet& ds, const std::vector<hsize_t>& expect,
-                        const std::string& expect_text, const Where& w) {
+                        const std::string& expect_text, std::uintmax_t file_size, const Where& w) {
   H5::DataType t = ds.getDataType();
   KVARN_CHECK(h5::is_f16(t), w.str(), ": dtype is ", type_text(t),
               ", expected float16 (IEEE half, little endian)");
   std::vector<hsize_t> dims = extent(ds);
   KVARN_CHECK(dims == expect, w.str(), ": shape is ", dims_text(dims), ", expected ",
               dims_text(expect), " ", expect_text);
+  check_backed(ds, dims, 2, file_size, w);
 }
 
 void check_post_rope(const H5::DataSet& ds, int expect, const Where& w) {
@@ -204,7 +257,7 @@ TileReader::TileReader(const fs::path& path) : path_(path) {
 
     KVARN_CHECK(file.nameExists("layers"), f, ": /layers: missing dataset");
     const Where wl{f, "/layers"};
-    info_.layers = read_int_vector(file.openDataSet("layers"), wl);
+    info_.layers = read_int_vector(file.openDataSet("layers"), size, wl);
     KVARN_CHECK(!info_.layers.empty(), wl.str(), ": no captured layers");
     std::set<int> seen;
     for (std::size_t i = 0; i < info_.layers.size(); ++i) {
@@ -248,13 +301,14 @@ TileReader::TileReader(const fs::path& path) : path_(path) {
         std::vector<hsize_t> dims = extent(ds);
         KVARN_CHECK(dims == std::vector<hsize_t>{T}, w.str(), ": shape is ", dims_text(dims),
                     ", expected [", T, "] (num_tokens)");
+        check_backed(ds, dims, t.getSize(), size, w);
       }
       const std::string kv_text = "[captured layers, num_kv_heads, num_tokens, head_dim]";
       for (const char* name : {"k", "v", "k_pre_rope"}) {
         if (!g.nameExists(name)) continue;
         const Where w{f, gpath + "/" + name};
         H5::DataSet ds = g.openDataSet(name);
-        check_slab_dataset(ds, {L, H, T, D}, kv_text, w);
+        check_slab_dataset(ds, {L, H, T, D}, kv_text, size, w);
         if (std::string(name) != "v") check_post_rope(ds, std::string(name) == "k" ? 1 : 0, w);
       }
       si.has_k_pre_rope = g.nameExists("k_pre_rope");
@@ -267,6 +321,8 @@ TileReader::TileReader(const fs::path& path) : path_(path) {
         KVARN_CHECK(t.getClass() == H5T_INTEGER, w.str(), ": attribute 'heads' must be int32, is ",
                     type_text(t));
         const hssize_t n = a.getSpace().getSimpleExtentNpoints();
+        KVARN_CHECK(n <= info_.num_q_heads, w.str(), ": attribute 'heads' has ", n,
+                    " entries, more than the model's ", info_.num_q_heads, " query heads");
         si.q_heads.resize(n);
         if (n > 0) a.read(H5::PredType::NATIVE_INT, si.q_heads.data());
         KVARN_CHECK(n > 0, w.str(), ": attribute 'heads' is empty");
@@ -276,7 +332,7 @@ TileReader::TileReader(const fs::path& path) : path_(path) {
                       " query heads");
         }
         check_slab_dataset(ds, {L, static_cast<hsize_t>(n), T, D},
-                           "[captured layers, len(heads), num_tokens, head_dim]", w);
+                           "[captured layers, len(heads), num_tokens, head_dim]", size, w);
         check_post_rope(ds, 1, w);
         si.has_q = true;
       }
@@ -394,7 +450,7 @@ TileWriter::TileWriter(const fs::path& path, TileFileInfo info, bool overwrite)
   if (!path.parent_path().empty()) fs::create_directories(path.parent_path());
   impl_ = std::make_unique<Impl>();
   try {
-    impl_->file = H5::H5File(tmp_.string(), H5F_ACC_TRUNC);
+    impl_->file = h5::create_file(tmp_.string());
     H5::H5File& file = impl_->file;
     h5::write_string_attr(file, "format", kTileFormat);
     h5::write_int_attr(file, "format_version", kTileFormatVersion);
@@ -410,7 +466,7 @@ TileWriter::TileWriter(const fs::path& path, TileFileInfo info, bool overwrite)
     std::vector<std::int32_t> layers(info_.layers.begin(), info_.layers.end());
     h5::write_dataset(file, "layers", H5::PredType::STD_I32LE, H5::PredType::NATIVE_INT32, {n},
                       layers.data());
-    impl_->sequences = file.createGroup("sequences");
+    impl_->sequences = h5::create_group(file, "sequences");
   } catch (const H5::Exception& e) {
     impl_.reset();
     std::error_code ec;
@@ -448,7 +504,7 @@ void TileWriter::add_sequence(const SequenceData& seq) {
     KVARN_CHECK(h >= 0 && h < info_.num_q_heads, where, ": q head ", h, " out of range");
   }
   try {
-    H5::Group g = impl_->sequences.createGroup(name);
+    H5::Group g = h5::create_group(impl_->sequences, name);
     h5::write_int_attr(g, "num_tokens", static_cast<long long>(T));
     h5::write_string_attr(g, "prompt_id", seq.prompt_id);
     for (const auto& [key, value] : seq.int_attrs) h5::write_int_attr(g, key, value);

@@ -16,6 +16,7 @@
 
 #include "kvarn/data/atomic_file.hpp"
 #include "kvarn/data/error.hpp"
+#include "kvarn/data/read_file.hpp"
 #include "kvarn/data/tile_file.hpp"
 #include "kvarn/runner/model.hpp"
 #include "kvarn/runner/runner.hpp"
@@ -77,6 +78,23 @@ void check_cancel(const CaptureOptions& o) {
   if (o.cancelled && o.cancelled()) fail(o.out.string(), ": capture interrupted; nothing written");
 }
 
+// --out must not be one of the inputs (the checkpoint's files, the prompts file), even with
+// --force: compared by filesystem identity (device and inode), so another spelling of the path,
+// a hard link or a symlink is caught too.
+void refuse_input_as_output(const CaptureOptions& o) {
+  std::error_code ec;
+  if (!fs::exists(o.out, ec)) return;
+  std::vector<fs::path> inputs{o.prompts};
+  if (fs::is_directory(o.model_dir, ec)) {
+    for (const auto& e : fs::directory_iterator(o.model_dir, ec)) inputs.push_back(e.path());
+  }
+  for (const fs::path& in : inputs) {
+    std::error_code eq;
+    KVARN_CHECK(!fs::equivalent(o.out, in, eq), o.out.string(), ": --out is the input file ",
+                in.string(), "; refusing to overwrite it (even with --force)");
+  }
+}
+
 }  // namespace
 
 std::vector<CapturePrompt> load_capture_prompts(const fs::path& path,
@@ -96,8 +114,8 @@ std::vector<CapturePrompt> load_capture_prompts(const fs::path& path,
     json obj;
     try {
       obj = json::parse(line);
-    } catch (const json::parse_error& e) {
-      fail(at, ": invalid JSON (", e.what(), ")");
+    } catch (const json::exception& e) {  // parse errors and numbers beyond double's range
+      fail(at, ": invalid JSON (", without_tag(e.what()), ")");
     }
     KVARN_CHECK(obj.is_object(), at, ": each line must be a JSON object {\"id\", \"text\"} or ",
                 "{\"id\", \"token_ids\"}");
@@ -206,7 +224,7 @@ std::string render_chat_prompt(const fs::path& model_dir, const std::string& tex
   json j;
   try {
     j = json::parse(read_text_file(cfg, "tokenizer config"));
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     fail(cfg.string(), ": invalid JSON (", e.what(), ")");
   }
   KVARN_CHECK(j.is_object() && j.contains("chat_template") && j["chat_template"].is_string(),
@@ -583,6 +601,7 @@ CaptureResult run_capture(const CaptureOptions& o) {
   KVARN_CHECK(!o.out.empty(), "capture: --out is required");
   KVARN_CHECK(o.force || !fs::exists(o.out), out_s,
               ": exists; refusing to overwrite (use --force)");
+  refuse_input_as_output(o);
   KVARN_CHECK(o.max_tokens >= 0 && o.generate >= 0, "capture: --max-tokens and --generate must ",
               "be >= 0");
   // Cheap input first: a malformed prompt file fails before the model is loaded.
@@ -602,7 +621,7 @@ CaptureResult run_capture(const CaptureOptions& o) {
   json config_json;
   try {
     config_json = json::parse(read_text_file(cfg.path, "config"));
-  } catch (const json::parse_error&) {
+  } catch (const json::exception&) {
     config_json = nullptr;  // load_model_config accepted it, so this cannot happen
   }
   json prov = capture_provenance(o, cfg, model, seqs, sel, config_json);

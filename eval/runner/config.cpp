@@ -3,12 +3,16 @@
 #include <nlohmann/json.hpp>
 
 #include "kvarn/data/error.hpp"
+#include "kvarn/data/read_file.hpp"
 #include "kvarn/runner/model.hpp"
 
 namespace kvarn {
 namespace {
 
 using nlohmann::json;
+
+// config.json is a few KB; 16 MiB leaves room for any real one and bounds what is read.
+constexpr std::uintmax_t kMaxJsonBytes = std::uintmax_t{16} << 20;
 
 struct Reader {
   const json& j;
@@ -167,17 +171,31 @@ void parse_special_tokens(const Reader& r, const json& j, const std::string& fil
   }
 }
 
+// Positive, and not far beyond any supported model: sizes that are damage are rejected before
+// anything is sized by them.
+void check_sizes(const ModelConfig& c, const std::string& file) {
+  KVARN_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 &&
+                  c.num_layers > 0 && c.num_heads > 0 && c.num_kv_heads > 0,
+              file, ": sizes must be positive");
+  KVARN_CHECK(c.num_layers <= 4096 && c.num_heads <= 4096 && c.num_kv_heads <= 4096 &&
+                  c.hidden_size <= (1 << 20) && c.intermediate_size <= (1 << 22) &&
+                  c.vocab_size <= (1 << 24),
+              file, ": sizes (num_hidden_layers ", c.num_layers, ", num_attention_heads ",
+              c.num_heads, ", num_key_value_heads ", c.num_kv_heads, ", hidden_size ",
+              c.hidden_size, ", intermediate_size ", c.intermediate_size, ", vocab_size ",
+              c.vocab_size, ") exceed the supported maxima (4096, 4096, 4096, 2^20, 2^22, 2^24)");
+}
+
 }  // namespace
 
 ModelConfig load_model_config(const std::filesystem::path& path) {
   const std::string file = path.string();
-  std::ifstream in(path);
-  KVARN_CHECK(in, file, ": cannot read model config (missing config.json?)");
+  const std::string text = read_regular_file(path, "model config (config.json)", kMaxJsonBytes);
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const json::exception& e) {
-    fail(file, ": corrupt config (invalid JSON): ", e.what());
+    fail(file, ": corrupt config (invalid JSON): ", without_tag(e.what()));
   }
   KVARN_CHECK(j.is_object(), file, ": config is not a JSON object");
   Reader r{j, file};
@@ -191,12 +209,10 @@ ModelConfig load_model_config(const std::filesystem::path& path) {
   c.num_layers = r.get_int("num_hidden_layers");
   c.num_heads = r.get_int("num_attention_heads");
   c.num_kv_heads = r.get_int("num_key_value_heads", c.num_heads);
-  KVARN_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 &&
-                  c.num_layers > 0 && c.num_heads > 0 && c.num_kv_heads > 0,
-              file, ": sizes must be positive");
+  check_sizes(c, file);
   c.head_dim = r.get_int("head_dim", c.hidden_size / c.num_heads);
-  KVARN_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0, file, ": head_dim ", c.head_dim,
-              " must be positive and even");
+  KVARN_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0 && c.head_dim <= 4096, file, ": head_dim ",
+              c.head_dim, " must be positive, even and at most 4096");
   KVARN_CHECK(c.num_heads % c.num_kv_heads == 0, file, ": num_attention_heads ", c.num_heads,
               " is not a multiple of num_key_value_heads ", c.num_kv_heads);
   c.max_position_embeddings = r.get_int("max_position_embeddings", 2048);

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "kvarn/data/error.hpp"
+#include "kvarn/data/read_file.hpp"
 
 namespace kvarn {
 namespace {
@@ -109,7 +110,7 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
             return true;
           });
     } catch (const nlohmann::json::exception& e) {
-      fail(file, ": corrupt safetensors header (invalid JSON): ", e.what());
+      fail(file, ": corrupt safetensors header (invalid JSON): ", without_tag(e.what()));
     }
     KVARN_CHECK(duplicate.empty(), file, ": tensor '", duplicate, "' appears twice in the header");
     KVARN_CHECK(header.is_object(), file, ": safetensors header is not a JSON object");
@@ -207,13 +208,12 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::filesystem::path& dir) :
   std::vector<std::filesystem::path> shards;
   nlohmann::json weight_map;
   if (std::filesystem::exists(index)) {
-    std::ifstream in(index);
-    KVARN_CHECK(in, index.string(), ": cannot read");
+    const std::string text = read_regular_file(index, "safetensors index", kMaxHeaderBytes);
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(in);
+      j = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
-      fail(index.string(), ": invalid JSON: ", e.what());
+      fail(index.string(), ": invalid JSON: ", without_tag(e.what()));
     }
     KVARN_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
                 index.string(), ": missing object 'weight_map'");

@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "kvarn/data/error.hpp"
+#include "kvarn/data/read_file.hpp"
 
 namespace kvarn {
 namespace {
@@ -303,13 +304,12 @@ struct PreStep {
 class BpeTokenizer : public Tokenizer {
  public:
   explicit BpeTokenizer(const std::filesystem::path& path) : file_(path.string()) {
-    std::ifstream in(path);
-    KVARN_CHECK(in, file_, ": cannot read tokenizer (missing tokenizer.json?)");
+    const std::string text = read_regular_file(path, "tokenizer (tokenizer.json)");
     json j;
     try {
-      j = json::parse(in);
+      j = json::parse(text);
     } catch (const json::exception& e) {
-      fail(file_, ": corrupt tokenizer (invalid JSON): ", e.what());
+      fail(file_, ": corrupt tokenizer (invalid JSON): ", without_tag(e.what()));
     }
     KVARN_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(), file_,
                 ": not a tokenizer.json (no 'model' object)");

@@ -6,6 +6,18 @@
 
 #include "commands.hpp"
 #include "kvarn/data/error.hpp"
+#include "kvarn/data/h5_io.hpp"
+
+namespace {
+bool is_command(CLI::App& app, const char* name) {
+  try {
+    app.get_subcommand(name);
+    return true;
+  } catch (const CLI::OptionNotFound&) {
+    return false;
+  }
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   kvarn::set_command_line(argc, argv);
@@ -22,8 +34,20 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;  // usage errors are bad input too
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    // Usage errors are bad input too: one error line, exit 2.
+    if (argc > 1 && argv[1][0] != '-' && !is_command(app, argv[1])) {
+      std::string names;
+      for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+        names += (names.empty() ? "" : ", ") + sub->get_name();
+      }
+      std::cerr << "kvarn-eval: error: unknown command '" << argv[1] << "' (commands: " << names
+                << ")\n";
+      return 2;
+    }
+    std::cerr << "kvarn-eval: error: " << e.what() << " (kvarn-eval --help lists the commands, "
+              << "kvarn-eval COMMAND --help their options)\n";
+    return 2;
   } catch (const kvarn::CommandExit& e) {
     return e.code;
   } catch (const kvarn::Error& e) {
@@ -34,6 +58,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "kvarn-eval: internal error: " << e.what() << "\n";
+    return 3;
+  } catch (const H5::Exception& e) {  // not a std::exception: would otherwise abort
+    std::cerr << "kvarn-eval: internal error: HDF5: " << kvarn::h5::describe(e) << "\n";
     return 3;
   }
   return 0;

@@ -134,7 +134,7 @@ void write_model(H5::Group& g, const AccumulationCaseData::Model& m) {
   const hsize_t np = P.size();
   const hsize_t L = static_cast<hsize_t>(m.num_layers);
   if (P.front().has_pseudo) {
-    H5::Group a = g.createGroup("accumulation");
+    H5::Group a = h5::create_group(g, "accumulation");
     const auto& cl = P.front().pseudo.context_len;
     write_doubles(a, "context_len", std::vector<double>(cl.begin(), cl.end()));
     const hsize_t B = cl.size();
@@ -160,7 +160,7 @@ void write_model(H5::Group& g, const AccumulationCaseData::Model& m) {
   const bool teacher = P.front().has_teacher, greedy = P.front().has_greedy;
   const bool sampled = P.front().has_sampled;
   if (!teacher && !greedy) return;
-  H5::Group d = g.createGroup("decode");
+  H5::Group d = h5::create_group(g, "decode");
   const std::size_t N = teacher ? P.front().teacher.kl.size() : P.front().greedy.tokens.size();
   std::vector<double> step(N);
   for (std::size_t i = 0; i < N; ++i) step[i] = static_cast<double>(i);
@@ -178,7 +178,7 @@ void write_model(H5::Group& g, const AccumulationCaseData::Model& m) {
     write_doubles(d, "kl_per_prompt", flatten(kl), {np, N});
   }
   auto free = [&](const char* name, const FreeRunResult AccumulationResult::*f) {
-    H5::Group fg = d.createGroup(name);
+    H5::Group fg = h5::create_group(d, name);
     std::vector<std::int32_t> toks, refs;
     std::vector<double> first, agree;
     std::vector<std::vector<double> > kl;
@@ -316,13 +316,13 @@ AccumulationCase run_accumulation_case(const SweepConfig& cfg, const CaseSpec& c
 
 void write_accumulation_arrays(H5::Group& root, const AccumulationCase& acc) {
   if (!acc.data) return;
-  H5::Group models = root.createGroup("accumulation_models");
+  H5::Group models = h5::create_group(root, "accumulation_models");
   for (std::size_t i = 0; i < acc.data->models.size(); ++i) {
     const AccumulationCaseData::Model& m = acc.data->models[i];
     if (m.prompts.empty()) continue;
     // The report plots the root arrays: the first configured model's, never a substitute.
     if (i == 0) write_model(root, m);
-    H5::Group g = models.createGroup(m.name);
+    H5::Group g = h5::create_group(models, m.name);
     write_model(g, m);
   }
 }

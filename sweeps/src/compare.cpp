@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "kvarn/data/error.hpp"
+#include "kvarn/data/read_file.hpp"
 
 namespace kvarn {
 
@@ -38,15 +39,17 @@ double parse_number(const std::string& text, const std::string& where) {
   return x;
 }
 
-// JSON number, or eval's "inf" / "-inf" / "nan" strings.
-double value_of(const json& v) {
+// JSON number, or eval's "inf" / "-inf" / "nan" strings; anything else is damage, not a NaN.
+double value_of(const json& v, const std::string& where) {
   if (v.is_number()) return v.get<double>();
   if (v.is_string()) {
     const std::string s = v.get<std::string>();
     if (s == "inf") return std::numeric_limits<double>::infinity();
     if (s == "-inf") return -std::numeric_limits<double>::infinity();
+    if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
   }
-  return std::numeric_limits<double>::quiet_NaN();
+  fail(where, ": key 'value' is ", v.dump().substr(0, 40),
+       ", not a number (or \"nan\", \"inf\", \"-inf\")");
 }
 
 std::string cell(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
@@ -58,22 +61,16 @@ struct Loaded {
 Loaded load_summary(const fs::path& p) {
   fs::path file = p;
   if (fs::is_directory(p)) file = p / "summary.jsonl";
-  std::ifstream in(file);
-  KVARN_CHECK(in.good(), file.string(), ": cannot open (a run directory or its summary.jsonl)");
+  std::error_code ec;
+  KVARN_CHECK(fs::exists(file, ec), file.string(),
+              ": cannot open (a run directory or its summary.jsonl)");
   Loaded out;
-  std::string line;
-  for (int n = 1; std::getline(in, line); ++n) {
-    if (trim(line).empty()) continue;
-    const json row = json::parse(line, nullptr, false);
-    KVARN_CHECK(!row.is_discarded() && row.is_object(), file.string(), ":", n, ": not a JSON row");
-    for (const char* k : {"spec", "metric", "scope", "layer", "head", "value"}) {
-      KVARN_CHECK(row.contains(k), file.string(), ":", n, ": row has no '", k, "'");
-    }
-    const std::string key = cell(row.value("data", json("-"))) + " | " + cell(row["spec"]) + " | " +
-                            cell(row["metric"]) + " | " + cell(row["scope"]) + " | " +
-                            cell(row["layer"]) + " | " + cell(row["head"]);
-    KVARN_CHECK(!out.rows.count(key), file.string(), ":", n, ": duplicate row ", key);
-    out.rows[key] = {row, value_of(row["value"])};
+  for (SummaryRow& r : parse_summary_jsonl(read_regular_file(file, "summary"), file.string())) {
+    const std::string key = cell(r.row.value("data", json("-"))) + " | " + cell(r.row["spec"]) +
+                            " | " + cell(r.row["metric"]) + " | " + cell(r.row["scope"]) + " | " +
+                            cell(r.row["layer"]) + " | " + cell(r.row["head"]);
+    KVARN_CHECK(!out.rows.count(key), file.string(), ":", r.line, ": duplicate row ", key);
+    out.rows[key] = {std::move(r.row), r.value};
   }
   return out;
 }
@@ -81,6 +78,32 @@ Loaded load_summary(const fs::path& p) {
 bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
 
 }  // namespace
+
+std::vector<SummaryRow> parse_summary_jsonl(const std::string& text, const std::string& where) {
+  std::vector<SummaryRow> out;
+  std::size_t start = 0;
+  for (int n = 1; start < text.size(); ++n) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(start, end - start);
+    start = end + 1;
+    if (trim(line).empty()) continue;
+    const std::string at = where + ":" + std::to_string(n);
+    json row;
+    try {
+      row = json::parse(line, nullptr, false);
+    } catch (const json::exception& e) {  // a number beyond double's range throws regardless
+      fail(at, ": not valid JSON: ", without_tag(e.what()));
+    }
+    KVARN_CHECK(!row.is_discarded() && row.is_object(), at, ": not a JSON object row");
+    for (const char* k : {"spec", "metric", "scope", "layer", "head", "value"}) {
+      KVARN_CHECK(row.contains(k), at, ": row has no key '", k, "'");
+    }
+    const double v = value_of(row["value"], at);
+    out.push_back({n, row, v});
+  }
+  return out;
+}
 
 // Dot-separated components of a metric name ("key.end_to_end.nmse" -> key, end_to_end, nmse).
 static std::vector<std::string> components(const std::string& metric) {
@@ -232,7 +255,14 @@ CompareResult compare_runs(const fs::path& base, const fs::path& now, const Tole
     ++r.matched;
     row.now = it->second.second;
     const double x = row.base, y = row.now;
-    if (x == y || (std::isnan(x) && std::isnan(y))) {
+    // A NaN is never "unchanged": NaN on either side is a failed metric, a regression.
+    if (std::isnan(x) || std::isnan(y)) {
+      row.abs_change = row.rel_change = std::numeric_limits<double>::quiet_NaN();
+      row.beyond = row.regressed = true;
+      r.changed.push_back(row);
+      continue;
+    }
+    if (x == y) {
       ++r.unchanged;
       continue;
     }

@@ -201,7 +201,7 @@ void write_matrix(H5::Group& g, const std::string& name, const std::vector<doubl
 
 H5::Group child_group(H5::Group& parent, const std::string& name) {
   if (parent.nameExists(name)) return parent.openGroup(name);
-  return parent.createGroup(name);
+  return h5::create_group(parent, name);
 }
 
 std::vector<int> selected(const std::optional<std::vector<int>>& sel, int n) {
@@ -319,7 +319,7 @@ void measure_reconstruction(CaseRun& run, DataPart& part, LayerSlab& slab, const
     }
   }
   if (slab.glayer) {
-    H5::Group gh = slab.glayer->createGroup(two_digits("head_", h));
+    H5::Group gh = h5::create_group(*slab.glayer, two_digits("head_", h));
     write_doubles(gh, "k_nmse_per_channel", rep.key.all_tokens.nmse_per_channel);
     write_doubles(gh, "k_nmse_per_token", rep.key.all_tokens.nmse_per_token);
     write_doubles(gh, "v_nmse_per_channel", rep.value.all_tokens.nmse_per_channel);
@@ -340,7 +340,7 @@ void measure_reconstruction(CaseRun& run, DataPart& part, LayerSlab& slab, const
 void write_attention_arrays(H5::Group& glayer, const AttentionReport& rep, std::size_t i, int qh,
                             int kv_head) {
   const PositionMetrics& p = rep.heads[i].positions;
-  H5::Group gq = glayer.createGroup(two_digits("q_head_", qh));
+  H5::Group gq = h5::create_group(glayer, two_digits("q_head_", qh));
   h5::write_int_attr(gq, "kv_head", kv_head);
   h5::write_int_attr(gq, "q_first", rep.q_first);
   h5::write_ints_attr(gq, "topk", rep.topk);
@@ -427,7 +427,7 @@ void write_layer_head_matrices(H5::Group& gdata, const DataPart& part, const KlC
           if (it != pools.end()) m[a * part.heads.size() + b] = it->second.metrics()[0].second;
         }
       }
-      H5::Group gs = gdata.createGroup(stream);
+      H5::Group gs = h5::create_group(gdata, stream);
       h5::write_ints_attr(gs, "layers", part.layers);
       h5::write_ints_attr(gs, "heads", part.heads);
       write_matrix(gs, "nmse_layer_head", m, L, part.heads.size());
@@ -443,7 +443,7 @@ void write_layer_head_matrices(H5::Group& gdata, const DataPart& part, const KlC
       }
     }
   }
-  H5::Group ga = gdata.createGroup("attention");
+  H5::Group ga = h5::create_group(gdata, "attention");
   h5::write_ints_attr(ga, "layers", part.layers);
   h5::write_ints_attr(ga, "q_heads", part.q_heads);
   write_matrix(ga, "kl_layer_head", m, L, part.q_heads.size());
@@ -469,7 +469,7 @@ void measure_data_file(CaseRun& run, std::size_t ti, H5::H5File* h5) {
   part.heads = heads;
   std::optional<H5::Group> gdata;
   // The first tiles file's arrays sit at the root; further files in a group named after them.
-  if (h5) gdata = ti == 0 ? h5->openGroup("/") : h5->createGroup(t.name);
+  if (h5) gdata = ti == 0 ? h5->openGroup("/") : h5::create_group(*h5, t.name);
   KlCells kl_cells;
   std::set<int> q_heads_seen;
   for (int s : seqs) {
@@ -570,7 +570,7 @@ json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& ar
     h5::silence_errors();
     write_atomically(arrays_path, [&](const fs::path& tmp) {
       try {
-        H5::H5File file(tmp.string(), H5F_ACC_TRUNC);
+        H5::H5File file = h5::create_file(tmp.string());
         body(&file);
         if (cfg.accumulation.enabled) runner_steps().write_accumulation_arrays(file, acc);
         file.close();

@@ -26,6 +26,13 @@ std::uint16_t float_to_half(float x);
 float half_to_float(std::uint16_t h);
 inline bool half_is_finite(std::uint16_t h) { return (h & 0x7c00u) != 0x7c00u; }
 
+// Every file and object the project writes is created without modification/creation times, so
+// the same content written twice gives the same bytes (a byte comparison of result files works).
+// create_file: a new file at `path` (truncated); create_group: a new group `name` in `parent`
+// (a file or a group).
+H5::H5File create_file(const std::string& path);
+H5::Group create_group(const H5::Group& parent, const std::string& name);
+
 void write_string_attr(H5::H5Object& obj, const std::string& name, const std::string& value);
 void write_int_attr(H5::H5Object& obj, const std::string& name, long long value);
 void write_double_attr(H5::H5Object& obj, const std::string& name, double value);

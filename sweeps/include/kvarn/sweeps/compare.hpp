@@ -8,7 +8,8 @@
 // tolerance when |new - base| > max(abs, rel * |base|). Direction, by name component: error
 // metrics (the default) regress when they grow; snr*, cos*, topk* regress when they shrink;
 // neutral metrics (imbalance*, magnitude_share, best_iter*, effective_bits, outlier_k_err_share)
-// regress on any change beyond tolerance. A row present only in the base is a regression.
+// regress on any change beyond tolerance. A row present only in the base is a regression, and so
+// is a NaN value on either side (a NaN is never "unchanged").
 #ifndef KVARN_SWEEPS_COMPARE_HPP_
 #define KVARN_SWEEPS_COMPARE_HPP_
 
@@ -52,6 +53,18 @@ struct CompareResult {
   bool regressed() const;
   nlohmann::json to_json() const;
 };
+
+// One row of summary.jsonl: its line number, the row and its value ("nan"/"inf"/"-inf" strings
+// mapped to doubles).
+struct SummaryRow {
+  int line = 0;
+  nlohmann::json row;
+  double value = 0;
+};
+// Parses summary.jsonl text; a row that is not a JSON object, lacks a key compare needs or has
+// a value that is not a number (or "nan", "inf", "-inf") throws kvarn::Error naming
+// `where`:LINE and the key.
+std::vector<SummaryRow> parse_summary_jsonl(const std::string& text, const std::string& where);
 
 // `base` / `now`: run directories or summary.jsonl files.
 CompareResult compare_runs(const std::filesystem::path& base, const std::filesystem::path& now,

@@ -24,7 +24,23 @@ const std::vector<std::string>& summary_columns();
 
 // Hash identifying a resolved config (sha256 of its canonical dump).
 std::string resolved_hash(const nlohmann::json& resolved);
+// Parses JSON text; a syntax error throws kvarn::Error naming `where` and the line and column.
+nlohmann::json parse_json_text(const std::string& text, const std::string& where);
+// read_regular_file + parse_json_text.
 nlohmann::json read_json_file(const std::filesystem::path& path);
+
+// The cases of a resolved config (resolved.json), checked: `cases` is an array of objects with
+// string `id` (a valid file name, unique) and `spec`; errors name `where` and the index.
+struct ResolvedCase {
+  std::string id, spec;
+};
+std::vector<ResolvedCase> resolved_cases(const nlohmann::json& resolved, const std::string& where);
+// metrics.arrays of a resolved config (default true), checked.
+bool resolved_arrays(const nlohmann::json& resolved, const std::string& where);
+// Empty when `record` is a complete case record of case `id` with `spec` (format, version, id,
+// spec, rows with every summary column and a numeric value); else what is wrong, naming the key.
+std::string case_record_problem(const nlohmann::json& record, const std::string& id,
+                                const std::string& spec);
 
 class RunStore {
  public:
@@ -40,6 +56,9 @@ class RunStore {
   int remove_stale_temporaries() const;
   // True when the case's record exists, parses, names this id and spec and its arrays exist.
   bool case_done(const std::string& id, const std::string& spec, bool arrays) const;
+  // Why the case is not done: "missing" (no record), or the file and what is wrong with it;
+  // empty when it is done.
+  std::string case_problem(const std::string& id, const std::string& spec, bool arrays) const;
   void write_case(const nlohmann::json& record) const;
   // Regenerates summary.jsonl and summary.csv from every finished case, in case order.
   // Returns the number of finished cases.
@@ -49,7 +68,8 @@ class RunStore {
   std::filesystem::path dir_;
 };
 
-// Exclusive advisory lock on a run directory (flock; released on exit, also on SIGKILL).
+// Exclusive advisory lock on a run directory (flock on DIR/.lock; released on exit, also on
+// SIGKILL). The file is removed when the lock is released normally.
 class RunLock {
  public:
   explicit RunLock(const std::filesystem::path& dir);
@@ -58,6 +78,7 @@ class RunLock {
   RunLock& operator=(const RunLock&) = delete;
 
  private:
+  std::filesystem::path path_;
   int fd_ = -1;
 };
 
