@@ -190,6 +190,8 @@ void check_sizes(const ModelConfig& c, const std::string& file) {
 
 ModelConfig load_model_config(const std::filesystem::path& path) {
   const std::string file = path.string();
+  KVARN_CHECK(std::filesystem::exists(path), file,
+              ": cannot read model config (missing config.json?)");
   const std::string text = read_regular_file(path, "model config (config.json)", kMaxJsonBytes);
   json j;
   try {

@@ -304,6 +304,8 @@ struct PreStep {
 class BpeTokenizer : public Tokenizer {
  public:
   explicit BpeTokenizer(const std::filesystem::path& path) : file_(path.string()) {
+    KVARN_CHECK(std::filesystem::exists(path), file_,
+                ": cannot read tokenizer (missing tokenizer.json?)");
     const std::string text = read_regular_file(path, "tokenizer (tokenizer.json)");
     json j;
     try {
