@@ -86,6 +86,10 @@ run_ctest() {  # name strict ctest-args...
   local failed total skipped
   failed=$(sed -n 's/.* \([0-9]*\) tests failed out of [0-9]*$/\1/p' "$log" | tail -1)
   total=$(sed -n 's/.* tests failed out of \([0-9]*\)$/\1/p' "$log" | tail -1)
+  if [ -z "$total" ]; then  # all passed: "100% tests passed out of T"
+    total=$(sed -n 's/^100% tests passed out of \([0-9]*\)$/\1/p' "$log" | tail -1)
+    failed=0
+  fi
   skipped=$(grep -c -E '^[[:space:]]*[0-9]+ - .* \(Skipped\)$' "$log")
   [ "${total:-0}" -gt 0 ] || { r="FAILED (no test matched)"; status=1; }
   if [ "$strict" = strict ] && [ "$skipped" != 0 ]; then r="$r, FAILED (skips)"; status=1; fi
