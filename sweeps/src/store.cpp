@@ -131,7 +131,9 @@ std::string case_record_problem(const json& j, const std::string& id, const std:
   for (std::size_t i = 0; i < rows.size(); ++i) {
     if (!rows[i].is_object()) return "rows[" + std::to_string(i) + "] is not an object";
     for (const std::string& c : summary_columns()) {
-      if (!rows[i].contains(c)) return "rows[" + std::to_string(i) + "] has no key '" + c + "'";
+      // effective_bits is optional: records written before it existed lack it (row_cell: null).
+      if (c != "effective_bits" && !rows[i].contains(c))
+        return "rows[" + std::to_string(i) + "] has no key '" + c + "'";
     }
     const json& v = rows[i]["value"];
     if (!v.is_number() && !(v.is_string() && (v == "nan" || v == "inf" || v == "-inf"))) {
