@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -505,9 +506,11 @@ json tidy_rows(const CaseRun& run, const AccumulationCase& acc) {
     const std::string& dname = run.cfg.data.tiles[ti].name;
     const double bits = run.accounting[dname]["bits_per_element"].get<double>();
     // Bits per element as stored at the measured lengths (fp16 sink/tail/windows, boundary layers).
-    const json eff = part.fp16_bytes > 0 ? json(16.0 * static_cast<double>(part.stored_bytes) /
-                                                static_cast<double>(part.fp16_bytes))
-                                         : json(nullptr);
+    const std::optional<double> eff_bits =
+        part.fp16_bytes > 0 ? std::optional<double>(16.0 * static_cast<double>(part.stored_bytes) /
+                                                    static_cast<double>(part.fp16_bytes))
+                            : std::nullopt;
+    const json eff = eff_bits ? json(*eff_bits) : json(nullptr);
     auto emit = [&](const std::string& scope, const PoolKey& pk,
                     const std::vector<std::pair<std::string, double>>& ms_) {
       for (const auto& [name, value] : ms_) {
@@ -527,11 +530,7 @@ json tidy_rows(const CaseRun& run, const AccumulationCase& acc) {
       }
     };
     // The storage a slab really took (fp16 sink / tail / windows included), in bits per element.
-    if (part.fp16_bytes > 0) {
-      emit("storage", {kAll, kAll},
-           {{"effective_bits", 16.0 * static_cast<double>(part.stored_bytes) /
-                                   static_cast<double>(part.fp16_bytes)}});
-    }
+    if (eff_bits) emit("storage", {kAll, kAll}, {{"effective_bits", *eff_bits}});
     for (const auto& [pk, pool] : part.key) emit("key", pk, pool.metrics());  // kAll sorts first
     for (const auto& [pk, pool] : part.value) emit("value", pk, pool.metrics());
     for (const auto& [pk, pool] : part.attention) {
