@@ -39,7 +39,7 @@ std::string csv_field(const std::string& s) {
 
 std::string cell_text(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 
-// A row's cell; null for a column the row's record predates (effective_bits in older runs).
+// A row's cell; null for an optional column the row's record predates (summary_column_optional).
 json row_cell(const json& row, const std::string& column) {
   return row.contains(column) ? row.at(column) : json(nullptr);
 }
@@ -58,6 +58,8 @@ const std::vector<std::string>& summary_columns() {
       "effective_bits", "metric", "scope", "layer",  "head", "value"};
   return cols;
 }
+
+bool summary_column_optional(const std::string& column) { return column == "effective_bits"; }
 
 std::string resolved_hash(const json& resolved) { return sha256_hex(resolved.dump()); }
 
@@ -131,8 +133,7 @@ std::string case_record_problem(const json& j, const std::string& id, const std:
   for (std::size_t i = 0; i < rows.size(); ++i) {
     if (!rows[i].is_object()) return "rows[" + std::to_string(i) + "] is not an object";
     for (const std::string& c : summary_columns()) {
-      // effective_bits is optional: records written before it existed lack it (row_cell: null).
-      if (c != "effective_bits" && !rows[i].contains(c))
+      if (!summary_column_optional(c) && !rows[i].contains(c))
         return "rows[" + std::to_string(i) + "] has no key '" + c + "'";
     }
     const json& v = rows[i]["value"];

@@ -21,6 +21,9 @@ inline constexpr int kArraysFormatVersion = 1;
 
 // Columns of summary.jsonl / summary.csv, in order.
 const std::vector<std::string>& summary_columns();
+// True for a column that case records written before it existed lack (effective_bits): such a
+// row is still valid and its cell is null.
+bool summary_column_optional(const std::string& column);
 
 // Hash identifying a resolved config (sha256 of its canonical dump).
 std::string resolved_hash(const nlohmann::json& resolved);
