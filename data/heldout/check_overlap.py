@@ -90,7 +90,9 @@ def char_overlap(held_text, train_path):
            "bytes": tot[2], "covered_bytes": tot[3], "covered_rate": tot[3] / max(1, tot[2]),
            "per_part": {k: {"windows": v[0], "found": v[1], "rate": v[1] / max(1, v[0]),
                             "covered_rate": v[3] / max(1, v[2])} for k, v in sorted(parts.items())},
-           "top_found": found_text.most_common(12)}
+           "top_found": found_text.most_common(12),
+           "top_found_with_letters": [(t, n) for t, n in found_text.most_common()
+                                      if any(ch.isalpha() for ch in t)][:30]}
     return res
 
 
@@ -114,8 +116,12 @@ def token_overlap(ids_path, train_path, cache):
     h = window_hashes(held, TOKEN_N)
     th = found_in(tr, TOKEN_N, h)
     hit = np.isin(h, th)
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(os.path.join(ROOT, "data", "models", "fixture-qwen3-h128", "tokenizer.json"))
+    grams = collections.Counter(tok.decode(held[i:i + TOKEN_N].tolist()) for i in np.flatnonzero(hit))
     return {"window_tokens": TOKEN_N, "windows": int(h.size), "found": int(hit.sum()),
-            "rate": float(hit.mean()), "train_tokens": int(tr.size)}
+            "rate": float(hit.mean()), "train_tokens": int(tr.size),
+            "distinct_found": len(grams), "top_found": grams.most_common(30)}
 
 
 def main():
@@ -142,6 +148,12 @@ def main():
           % (t["found"], t["windows"], 100 * t["rate"], t["train_tokens"]))
     print("most frequent matched 50-char windows:")
     for s, n in c["top_found"]:
+        print("  %3d x %r" % (n, s))
+    print("matched 50-char windows with letters:")
+    for s, n in c["top_found_with_letters"]:
+        print("  %3d x %r" % (n, s))
+    print("matched 13-token windows (%d distinct), most frequent:" % t["distinct_found"])
+    for s, n in t["top_found"]:
         print("  %3d x %r" % (n, s))
     if a.json:
         with open(a.json + ".tmp", "w") as f:
