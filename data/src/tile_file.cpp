@@ -14,6 +14,7 @@
 #include "kvarn/data/atomic_file.hpp"
 #include "kvarn/data/error.hpp"
 #include "kvarn/data/h5_io.hpp"
+#include "tile_slab.hpp"
 
 namespace kvarn {
 
@@ -196,6 +197,7 @@ void check_post_rope(const H5::DataSet& ds, int expect, const Where& w) {
 
 struct TileReader::Impl {
   H5::H5File file;
+  std::uintmax_t file_size = 0;
 };
 
 TileReader::TileReader(const fs::path& path) : path_(path) {
@@ -219,6 +221,7 @@ TileReader::TileReader(const fs::path& path) : path_(path) {
                 ": not an HDF5 file (no HDF5 signature at offset 0)");
   }
   impl_ = std::make_unique<Impl>();
+  impl_->file_size = size;
   try {
     impl_->file.openFile(f, H5F_ACC_RDONLY);
   } catch (const H5::Exception& e) {
@@ -365,6 +368,11 @@ std::vector<std::int32_t> TileReader::token_ids(int seq) const {
 }
 
 TileMatrix TileReader::read(int seq, const std::string& dataset, int layer_index, int head) const {
+  return decode_slab(read_stored(seq, dataset, layer_index, head));
+}
+
+StoredSlab TileReader::read_stored(int seq, const std::string& dataset, int layer_index, int head,
+                                   SlabRead how) const {
   const SequenceInfo& si = sequence(seq);
   const std::string gpath = "/sequences/" + si.name;
   const std::string f = path_.string();
@@ -383,10 +391,17 @@ TileMatrix TileReader::read(int seq, const std::string& dataset, int layer_index
   const int num_heads = dataset == "q" ? static_cast<int>(si.q_heads.size()) : info_.num_kv_heads;
   KVARN_CHECK(head >= 0 && head < num_heads, f, ": ", obj, ": head ", head, " out of range (",
               num_heads, " heads)");
+  StoredSlab slab;
+  slab.where = f + ": " + obj;
+  slab.layer_index = layer_index;
+  slab.head = head;
+  slab.num_tokens = si.num_tokens;
+  slab.head_dim = info_.head_dim;
   const int T = si.num_tokens, D = info_.head_dim;
-  std::vector<std::uint16_t> raw(static_cast<std::size_t>(T) * D);
   try {
     H5::DataSet ds = impl_->file.openDataSet(obj);
+    if (how == SlabRead::kAuto && read_direct_chunks(ds, impl_->file_size, &slab)) return slab;
+    slab.halfs.resize(static_cast<std::size_t>(T) * D);
     H5::DataSpace fspace = ds.getSpace();
     const hsize_t start[4] = {static_cast<hsize_t>(layer_index), static_cast<hsize_t>(head), 0, 0};
     const hsize_t count[4] = {1, 1, static_cast<hsize_t>(T), static_cast<hsize_t>(D)};
@@ -394,21 +409,12 @@ TileMatrix TileReader::read(int seq, const std::string& dataset, int layer_index
     const hsize_t mdims[2] = {static_cast<hsize_t>(T), static_cast<hsize_t>(D)};
     H5::DataSpace mspace(2, mdims);
     // Read with the file's own half type: no HDF5 conversion, we decode the bits ourselves.
-    ds.read(raw.data(), h5::f16_type(), mspace, fspace);
+    ds.read(slab.halfs.data(), h5::f16_type(), mspace, fspace);
   } catch (const H5::Exception& e) {
     fail(f, ": ", obj, ": cannot read [layer ", layer_index, ", head ", head,
          "] (truncated or corrupt file?): ", h5::describe(e));
   }
-  TileMatrix m(T, D);
-  float* out = m.data();
-  for (std::size_t i = 0; i < raw.size(); ++i) {
-    if (!h5::half_is_finite(raw[i])) {
-      fail(f, ": ", obj, ": non-finite value (", h5::half_to_float(raw[i]), ") at [layer ",
-           layer_index, ", head ", head, ", token ", i / D, ", channel ", i % D, "]");
-    }
-    out[i] = h5::half_to_float(raw[i]);
-  }
-  return m;
+  return slab;
 }
 
 void TileReader::validate_values() const {

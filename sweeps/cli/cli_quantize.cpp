@@ -36,11 +36,11 @@ void print_timings(const QuantizeReport& r) {
   const QuantizePhaseTimes& t = r.times;
   std::fprintf(stderr,
                "timings (s): total %.3f | read %.3f | compute %.3f "
-               "(thread-seconds: quantize "
+               "(thread-seconds: decode %.3f, quantize "
                "%.3f, collect %.3f, metrics %.3f) | write %.3f | %lld K + %lld "
                "V chunks\n",
-               t.total, t.read, t.compute, t.quantize, t.collect, t.metrics, t.write, r.k_chunks,
-               r.v_chunks);
+               t.total, t.read, t.compute, t.decode, t.quantize, t.collect, t.metrics, t.write,
+               r.k_chunks, r.v_chunks);
 }
 
 }  // namespace

@@ -111,10 +111,11 @@ struct SlabJob {
   SlabKey key;
   LayerContext ctx;
   std::string where;
-  Matrix k, v;  // input, released once quantized
+  StoredSlab k_in, v_in;  // input as stored, released once decoded
+  Matrix k, v;            // input, released once quantized
   QuantizedSlab out;
   double k_err = 0, k_ref = 0, v_err = 0, v_ref = 0;
-  double quantize_s = 0, collect_s = 0, metrics_s = 0;
+  double decode_s = 0, quantize_s = 0, collect_s = 0, metrics_s = 0;
 };
 
 void collect_slab(const Method& method, SequenceResult* r, SlabJob* job) {
@@ -142,10 +143,16 @@ void collect_slab(const Method& method, SequenceResult* r, SlabJob* job) {
   s.v_quantized = std::move(r->v_quantized);
 }
 
-// Quantizes one slab into job->out: the method's cache, the stored fields, the
+// Decodes and quantizes one slab into job->out: the method's cache, the stored fields, the
 // byte checks and the NMSE sums of both streams.
 void quantize_slab(const Method& method, bool reconstruction, SlabJob* job) {
   auto t0 = Clock::now();
+  job->k = decode_slab(job->k_in);
+  job->v = decode_slab(job->v_in);
+  job->k_in = StoredSlab();
+  job->v_in = StoredSlab();
+  job->decode_s = seconds_since(t0);
+  t0 = Clock::now();
   SequenceResult r = quantize_sequence(method, job->k, job->v, job->ctx);
   job->quantize_s = seconds_since(t0);
   t0 = Clock::now();
@@ -219,7 +226,7 @@ std::vector<Batch> make_batches(const std::vector<int>& seqs, const std::vector<
   return out;
 }
 
-// The input slabs of one batch, in layer / head order.
+// The input slabs of one batch as stored (decoded later, in parallel), in layer / head order.
 std::vector<SlabJob> read_batch(const TileReader& reader, const Batch& b,
                                 const std::vector<int>& heads, const std::string& out) {
   const TileFileInfo& info = reader.info();
@@ -234,8 +241,8 @@ std::vector<SlabJob> read_batch(const TileReader& reader, const Batch& b,
       j.where = out + ": /sequences/" + si.name + "/" +
                 quantized_group_name("layer", info.layers[li]) + "/" +
                 quantized_group_name("head", h);
-      j.k = reader.read(b.sequence, "k", li, h);
-      j.v = reader.read(b.sequence, "v", li, h);
+      j.k_in = reader.read_stored(b.sequence, "k", li, h);
+      j.v_in = reader.read_stored(b.sequence, "v", li, h);
       jobs.push_back(std::move(j));
     }
   }
@@ -287,6 +294,7 @@ void add_to_report(const SlabJob& j, QuantizeReport* rep) {
   ++rep->slabs;
   rep->k_chunks += j.out.k.num_chunks();
   rep->v_chunks += j.out.v.num_chunks();
+  rep->times.decode += j.decode_s;
   rep->times.quantize += j.quantize_s;
   rep->times.collect += j.collect_s;
   rep->times.metrics += j.metrics_s;
@@ -324,41 +332,43 @@ QuantizeReport quantize_tile_file(const QuantizeFileOptions& o) {
     rep.times.read += seconds_since(t0);
     return jobs;
   };
-  std::vector<SlabJob> jobs = batches.empty() ? std::vector<SlabJob>() : read(0);
-  for (std::size_t b = 0; b < batches.size(); ++b) {
-    // Batch b + 1 is read on a second thread while b is quantized. HDF5 (not thread-safe) is
-    // only ever used by one thread at a time: the reader runs during the quantization, the
-    // writer after the reader has been joined.
-    std::vector<SlabJob> next;
-    std::exception_ptr read_error;
-    std::thread reader_thread;
-    if (b + 1 < batches.size()) {
-      reader_thread = std::thread([&, b] {
-        try {
-          next = read(b + 1);
-        } catch (...) {
-          read_error = std::current_exception();
-        }
-      });
-    }
-    auto t0 = Clock::now();
-    try {
-      quantize_all(*method, o, &jobs);
-    } catch (...) {
-      if (reader_thread.joinable()) reader_thread.join();
-      throw;
-    }
-    rep.times.compute += seconds_since(t0);
-    if (reader_thread.joinable()) reader_thread.join();
-    t0 = Clock::now();
-    for (const SlabJob& j : jobs) {
+  auto write = [&](const std::vector<SlabJob>& done) {
+    const auto t0 = Clock::now();
+    for (const SlabJob& j : done) {
       writer.add_slab(j.key, j.out);
       add_to_report(j, &rep);
     }
     rep.times.write += seconds_since(t0);
-    if (read_error) std::rethrow_exception(read_error);
+  };
+  std::vector<SlabJob> jobs = batches.empty() ? std::vector<SlabJob>() : read(0), done;
+  for (std::size_t b = 0; b < batches.size(); ++b) {
+    // While batch b is decoded and quantized in parallel (no HDF5 calls), one I/O thread writes
+    // batch b - 1 and reads batch b + 1's stored chunks: HDF5 (not thread-safe) is only ever used
+    // by one thread at a time, and the file is written in batch order.
+    std::vector<SlabJob> next;
+    std::exception_ptr io_error;
+    std::thread io([&, b] {
+      try {
+        write(done);
+        if (b + 1 < batches.size()) next = read(b + 1);
+      } catch (...) {
+        io_error = std::current_exception();
+      }
+    });
+    const auto t0 = Clock::now();
+    try {
+      quantize_all(*method, o, &jobs);
+    } catch (...) {
+      io.join();
+      throw;
+    }
+    rep.times.compute += seconds_since(t0);
+    io.join();
+    if (io_error) std::rethrow_exception(io_error);
+    done = std::move(jobs);
     jobs = std::move(next);
   }
+  write(done);
   const auto t0 = Clock::now();
   writer.finish();
   rep.times.write += seconds_since(t0);

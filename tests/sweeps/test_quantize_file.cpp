@@ -11,8 +11,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "data/tile_storage.hpp"
 #include "kvarn/data/h5_io.hpp"
 #include "kvarn/data/quantized_file.hpp"
+#include "kvarn/data/tile_file.hpp"
 #include "kvarn/sweeps/provenance.hpp"
 #include "kvarn/sweeps/quantize.hpp"
 
@@ -182,6 +184,21 @@ TEST_F(QuantizeFileTest, OutputDoesNotDependOnThreadCount) {
     expect_same(a, fingerprint(two), "2 threads vs 1");
     expect_same(a, fingerprint(three), "3 threads vs 1");
   }
+}
+
+TEST_F(QuantizeFileTest, OutputDoesNotDependOnTheInputStorage) {
+  // The same tiles stored contiguously are read through HDF5, not the direct chunk path.
+  const fs::path tiles = source_path("data/tiles/sample.h5");
+  const fs::path contiguous = dir_ / "contiguous.h5";
+  fs::copy_file(tiles, contiguous);
+  testing::restore_all_slabs(contiguous, [](H5::DSetCreatPropList&) {});
+  ASSERT_EQ(TileReader(contiguous).read_stored(0, "k", 0, 0).chunk_tokens, 0);
+  const Fingerprint a = fingerprint(run("kvarn_k4v2_g64", tiles, true, 2, "chunked.h5"));
+  ASSERT_GT(a.datasets.size(), 16u);
+  expect_same(a, fingerprint(run("kvarn_k4v2_g64", contiguous, true, 2, "contiguous_2.h5")),
+              "contiguous input");
+  expect_same(a, fingerprint(run("kvarn_k4v2_g64", contiguous, true, 1, "contiguous_1.h5")),
+              "contiguous input, 1 thread");
 }
 
 TEST_F(QuantizeFileTest, ReaderReturnsWhatWasWritten) {

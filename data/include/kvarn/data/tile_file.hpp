@@ -2,7 +2,8 @@
 // keys, values (and optionally pre-RoPE keys and queries) of a few sequences, per captured layer
 // and KV head. TileWriter writes one atomically; TileReader validates one on open (attributes,
 // dataset presence, shapes, dtypes) and then streams one (sequence, layer, head) slab at a time,
-// rejecting non-finite values with the exact index.
+// rejecting non-finite values with the exact index; a slab can also be read undecoded and decoded
+// on another thread (StoredSlab).
 #ifndef KVARN_DATA_TILE_FILE_HPP_
 #define KVARN_DATA_TILE_FILE_HPP_
 
@@ -57,6 +58,32 @@ struct SequenceData {
   std::vector<std::pair<std::string, std::string>> string_attrs;
 };
 
+// One (sequence, dataset, layer, head) slab as the file stores it, not yet decoded. Reading one
+// (TileReader::read_stored) uses HDF5, which is not thread-safe; decoding one (decode_slab) does
+// not, so many slabs can be decoded at once while the next ones are read. For the tile writer's
+// storage (chunks of whole tokens x head_dim with shuffle and/or deflate, or unfiltered) the
+// chunks are read as stored (HDF5's direct chunk read) and inflated by decode_slab; any other
+// storage is read through HDF5 and the slab holds its fp16 values. Both decode to the same floats.
+struct StoredSlab {
+  enum class Filter : std::uint8_t { kShuffle, kDeflate };
+  std::string where;  // "<file>: /sequences/000000/k", for messages
+  int layer_index = 0, head = 0, num_tokens = 0, head_dim = 0;
+  int chunk_tokens = 0;          // tokens per stored chunk; 0: `halfs` holds the slab
+  std::vector<Filter> filters;   // the dataset's filter pipeline, in HDF5's order
+  std::vector<std::uint8_t> bytes;          // the stored chunks, back to back
+  std::vector<std::size_t> chunk_end;       // end of chunk i in `bytes`
+  std::vector<std::uint32_t> filter_mask;   // per chunk: bit i set = filter i was skipped
+  std::vector<std::uint16_t> halfs;         // [T, D] fp16 bits, when read through HDF5
+};
+
+// How read_stored reads a slab: direct chunk reads where the storage allows (kAuto), or always
+// through HDF5 (kHdf5; the reference the direct path is tested against).
+enum class SlabRead { kAuto, kHdf5 };
+
+// The [T, D] values of a stored slab; rejects non-finite values with their exact index and
+// damaged chunks with their position. Safe to call from any thread.
+TileMatrix decode_slab(const StoredSlab& slab);
+
 class TileReader {
  public:
   explicit TileReader(const std::filesystem::path& path);
@@ -72,6 +99,10 @@ class TileReader {
   // One [T, D] slab of dataset "k", "v", "k_pre_rope" or "q"; `layer_index` indexes the captured
   // layers (0..L_captured-1), `head` the KV heads (for "q": the captured q heads).
   TileMatrix read(int seq, const std::string& dataset, int layer_index, int head) const;
+  // The same slab undecoded (decode_slab(read_stored(...)) == read(...)), so that decoding can run
+  // on other threads.
+  StoredSlab read_stored(int seq, const std::string& dataset, int layer_index, int head,
+                         SlabRead how = SlabRead::kAuto) const;
   // Reads every slab once (bounded memory), so non-finite values anywhere are reported.
   void validate_values() const;
 

@@ -1,7 +1,8 @@
 // `kvarn-eval quantize` as a library call: runs one method over (sequence, layer, KV head) slabs
-// of a tile file and writes the quantized-tile file (kvarn/data/quantized_file.hpp). Slabs of one
-// sequence are quantized in parallel (OpenMP) and written in sequence / layer / head order, so
-// the file is identical whatever the thread count.
+// of a tile file and writes the quantized-tile file (kvarn/data/quantized_file.hpp). While a
+// batch of slabs is decoded and quantized in parallel (OpenMP), one I/O thread writes the previous
+// batch and reads the next one's stored chunks; slabs are written in sequence / layer / head
+// order, so the file is identical whatever the thread count.
 #ifndef KVARN_SWEEPS_QUANTIZE_HPP_
 #define KVARN_SWEEPS_QUANTIZE_HPP_
 
@@ -31,14 +32,16 @@ struct QuantizeLayerSummary {
   int slabs = 0;
 };
 
-// Wall-clock seconds per phase; `quantize`, `collect` and `metrics` are summed over threads.
+// Wall-clock seconds per phase; `decode`, `quantize`, `collect` and `metrics` are summed over
+// threads.
 struct QuantizePhaseTimes {
-  double read = 0;      // HDF5 read + fp16 decode of the input slabs
-  double compute = 0;   // wall time of the parallel section (the three below)
+  double read = 0;      // HDF5 read of the input slabs' stored chunks (one thread)
+  double compute = 0;   // wall time of the parallel section (the four below)
+  double decode = 0;    // the input chunks inflated and converted from fp16
   double quantize = 0;  // the method's cache: encode, decode, reconstruction
   double collect = 0;   // stored fields concatenated per stream, byte accounting checks
   double metrics = 0;   // NMSE sums
-  double write = 0;     // HDF5 write, close, fsync, rename
+  double write = 0;     // HDF5 write (overlapping the parallel section), close, fsync, rename
   double total = 0;
 };
 
