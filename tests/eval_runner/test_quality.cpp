@@ -14,6 +14,7 @@
 #include "kvarn/core/registry.hpp"
 #include "kvarn/data/error.hpp"
 #include "kvarn/eval/position_buckets.hpp"
+#include "cuda_load.hpp"
 #include "runner_test_util.hpp"
 
 namespace kvarn {
@@ -236,6 +237,39 @@ TEST_F(QualityRun, OneLayerMethodQuantizesOnlyItsLayer) {
   double kl = 0;
   for (double x : w.kld) kl += x;
   EXPECT_GT(kl, 0.0);
+}
+
+// On CUDA: fp16 in the loop is exactly zero there too, and a method's KLD and perplexity agree
+// with the CPU run (the GPU's matmuls differ in rounding, not in what is measured).
+TEST(QualityCuda, Fp16ExactAndMethodMatchesCpu) {
+  ASSERT_TRUE(fs::exists(test::fixture_dir() / "model.safetensors")) << test::fixture_dir();
+  KVARN_CUDA_MODEL_OR_SKIP(gpu, test::fixture_dir());
+  const auto cpu = Model::load(test::fixture_dir());
+  std::vector<std::int32_t> tokens(300);
+  for (int i = 0; i < 300; ++i) tokens[i] = (i * 7919 + 13) % 12000 + 5;
+  QualityOptions o;
+  o.window = 300;
+  o.block = 16;
+  const fs::path dir = fs::temp_directory_path() / ("kvarn_quality_cuda_" + std::to_string(::getpid()));
+  const QualityReference rg = QualityReference::make(*gpu, tokens, o, dir / "gpu.f32", "gpu");
+  const QualityReference rc = QualityReference::make(*cpu, tokens, o, dir / "cpu.f32", "cpu");
+  const QualityWindow f = run_quality_window(*gpu, rg, tokens, *make_method("fp16"), o);
+  for (int t = 0; t < f.size(); ++t) {
+    ASSERT_EQ(f.kld[t], 0.0) << t;
+    ASSERT_EQ(f.nll[t], f.nll_ref[t]) << t;
+  }
+  const auto kvarn = make_method("kvarn_k4v2_g128");
+  const QualityWindow g = run_quality_window(*gpu, rg, tokens, *kvarn, o);
+  const QualityWindow c = run_quality_window(*cpu, rc, tokens, *kvarn, o);
+  const auto all = [](int, int) { return true; };
+  const auto sg = quality_statistics({g, g}, all), sc = quality_statistics({c, c}, all);
+  ASSERT_EQ(sg.size(), sc.size());
+  for (std::size_t i = 0; i < sg.size(); ++i) {
+    if (sg[i].name == "kld.mean" || sg[i].name == "ppl" || sg[i].name == "ppl_ref") {
+      EXPECT_NEAR(sg[i].value, sc[i].value, 0.05 * std::abs(sc[i].value) + 1e-6) << sg[i].name;
+    }
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace
