@@ -13,6 +13,8 @@
 #                                     quickstart with metrics.device=cuda, cpu-vs-cuda timing
 #   scripts/gpu.sh accumulation       error accumulation on CUDA: AccumulationCuda/Math tests, then
 #                                     `kvarn-eval sweep configs/accumulation_gpu.yaml`
+#   scripts/gpu.sh quality            model-level KLD / perplexity on CUDA: the Quality* tests, then
+#                                     `kvarn-eval sweep configs/quality_gpu.yaml` (32K-token windows)
 # Every suite configures the CMake preset `h200` (build-h200/, CUDA on, sm_90, the runner when torch
 # is importable) and builds incrementally what it needs. Logs and JSON go to $OUT (default
 # /tmp/kvarn-gpu/<suite>); a summary is printed last; the exit status is 0 only when all passed.
@@ -27,9 +29,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 suite=${1:-}
 case "$suite" in
-  tests | bench | runner-cache | attention-metrics | accumulation) ;;
+  tests | bench | runner-cache | attention-metrics | accumulation | quality) ;;
   *)
-    echo "usage: scripts/gpu.sh tests|bench|runner-cache|attention-metrics|accumulation" >&2
+    echo "usage: scripts/gpu.sh tests|bench|runner-cache|attention-metrics|accumulation|quality" >&2
     exit 2
     ;;
 esac
@@ -338,6 +340,41 @@ for m in dict.fromkeys(r["method"] for r in rows):
     cells = [val.get((m, w)) for w in want]
     print(m.ljust(20) + "".join(("%.4g" % c if isinstance(c, (int, float)) else "-").rjust(24)
                                 for c in cells))
+PY
+}
+
+# Model-level quality on CUDA (configs/quality_gpu.yaml; KVARN_QUALITY_BUDGET_S, default 1500,
+# bounds the sweep; a stopped sweep resumes with the same command and reuses the fp16 log-probs
+# already in its run directory).
+suite_quality() {
+  build kvarn-eval $(runner_targets)
+  [ -n "$(runner_targets)" ] || fail "the runner was not configured (python3 cannot import torch)"
+  run_ctest quality strict -L runner -R '^Quality'
+  local run_dir="$OUT/run" left rc rd
+  left=$((${KVARN_QUALITY_BUDGET_S:-1500} - SECONDS))
+  [ $left -lt 60 ] && left=60
+  timeout $left $B/bin/kvarn-eval sweep configs/quality_gpu.yaml --set output="$run_dir" \
+    >>"$OUT/sweep.log" 2>&1
+  rc=$?
+  rd=$(ls -d "$run_dir"/*/ 2>/dev/null | head -1)
+  [ "$rc" = 0 ] || status=1
+  note "sweep configs/quality_gpu.yaml rc=$rc (124: stopped after ${left}s) -> $rd"
+  du -sh "${rd}quality" 2>/dev/null | sed 's/^/fp16 log-probs: /'
+  python3 - "${rd}summary.jsonl" <<'PY'
+import json, sys
+try:
+    rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+except OSError:
+    sys.exit("no summary.jsonl: the sweep did not finish")
+want = ["quality.kld.mean", "quality.kld.p99", "quality.ppl_ratio", "quality.same_top1"]
+val = {(r["method"], r["data"], r["metric"]): r["value"] for r in rows if r["layer"] == "all"}
+print("method".ljust(20) + "model".ljust(30) + "eff.bits".rjust(9) +
+      "".join(w.split(".", 1)[1].rjust(14) for w in want))
+for (m, d) in dict.fromkeys((r["method"], r["data"]) for r in rows if r["scope"] == "quality"):
+    eff = next(r["effective_bits"] for r in rows if r["method"] == m and r["data"] == d)
+    cells = [val.get((m, d, w)) for w in want]
+    print(m.ljust(20) + d.ljust(30) + ("%.3f" % eff).rjust(9) +
+          "".join(("%.4g" % c if isinstance(c, (int, float)) else "-").rjust(14) for c in cells))
 PY
 }
 

@@ -8,7 +8,7 @@ import json
 import os
 from typing import Any, List, Tuple
 
-from . import budget, stats, tables
+from . import budget, quality, stats, tables
 from .figures import Figure
 from .load import RunData
 
@@ -119,6 +119,7 @@ def write_html(run: RunData, figs: List[Figure], table: tables.Table, out_dir: s
          f"<h1>{e(_title(run))}</h1>"]
     if run.resolved.get("description"):
         h.append(f"<p class=\"desc\">{e(str(run.resolved['description']))}</p>")
+    h += quality.section_html(run, figs)  # the model-level answer comes first
     h.append("<h2>Provenance</h2><table class=\"kv\">")
     h += [f"<tr><td>{e(k)}</td><td><code>{e(v)}</code></td></tr>" for k, v in provenance_items(run)]
     h.append("</table>")
@@ -176,6 +177,7 @@ def write_markdown(run: RunData, figs: List[Figure], table: tables.Table, out_di
     m = [f"# {_title(run)}", ""]
     if run.resolved.get("description"):
         m += [str(run.resolved["description"]), ""]
+    m += quality.section_markdown(run, figs)  # the model-level answer comes first
     m += ["## Provenance", "", "| | |", "|:---|:---|"]
     m += [f"| {k} | `{_md_escape(v)}` |" for k, v in provenance_items(run)]
     m += ["", "## Configuration", "", "| | |", "|:---|:---|"]

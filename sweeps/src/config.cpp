@@ -252,6 +252,8 @@ void resolve(SweepConfig& cfg) {
       {"seed", cfg.seed}};
   // Only a non-default device enters the hash, so cpu configs keep older runs' hash.
   if (cfg.metrics.device != "cpu") cfg.resolved["metrics"]["device"] = cfg.metrics.device;
+  // Only configs with quality enabled get the key, so other run hashes do not change.
+  if (cfg.quality.enabled) cfg.resolved["quality"] = quality_json(cfg.quality);
   cfg.hash = sha256_hex(cfg.resolved.dump());
 }
 
@@ -292,6 +294,12 @@ SweepConfig load_config(const fs::path& path, const std::vector<std::string>& se
     // Parsed before the top-level seed, so an absent accumulation.seed takes the default 0
     // (kept: it is part of existing run hashes).
     if (cfg.accumulation.enabled) parse_accumulation(c, acc, path, cfg);
+  }
+  if (const YAML::Node q = root["quality"]; present(q)) {
+    require_map(c, q, "quality");
+    check_keys(c, q, "quality", config_section_keys("quality"));
+    if (q["enabled"].IsDefined()) cfg.quality.enabled = get_bool(c, q["enabled"], "quality.enabled");
+    if (cfg.quality.enabled) parse_quality(c, q, path, cfg);
   }
   parse_throughput(c, root["throughput"], path, cfg);
   parse_run_keys(c, root, cfg);

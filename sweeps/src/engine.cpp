@@ -594,6 +594,12 @@ json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& ar
       {"arrays",
        arrays_path.empty() ? json(nullptr) : json("arrays/" + arrays_path.filename().string())}};
   if (cfg.accumulation.enabled) record["accumulation"] = std::move(acc.record);
+  // Model-level quality: KLD / perplexity against fp16 with the method in the loop.
+  if (cfg.quality.enabled) {
+    QualityCase qual = runner_steps().quality_case(cfg, cs);
+    for (json& r : qual.rows) record["rows"].push_back(std::move(r));
+    record["quality"] = std::move(qual.record);
+  }
   return record;
 }
 
@@ -735,6 +741,13 @@ SweepResult run_sweep(const SweepConfig& cfg, const SweepOptions& opts) {
     }
   }
 
+  // The fp16 reference log-probs of `quality:` are kept in the run directory (resume reuses them).
+  SweepConfig quality_cfg;
+  if (cfg.quality.enabled) {
+    quality_cfg = *run_cfg;
+    quality_cfg.quality.cache_dir = res.run_dir / "quality";
+    run_cfg = &quality_cfg;
+  }
   const std::string digest = write_provenance(cfg, opts, res.run_dir, capture_prov);
   std::fprintf(opts.log, "run directory: %s (%d cases, %d to compute, %d already finished)\n",
                res.run_dir.string().c_str(), res.selected, static_cast<int>(pending.size()),

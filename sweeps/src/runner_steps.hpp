@@ -14,6 +14,7 @@
 #include "accumulation_case.hpp"
 #include "config_parse.hpp"
 #include "kvarn/sweeps/config.hpp"
+#include "quality_case.hpp"
 
 namespace kvarn {
 
@@ -46,6 +47,9 @@ class RunnerSteps {
   // The accumulation protocols of one case (accumulation_case.hpp) and their arrays.
   virtual AccumulationCase accumulation_case(const SweepConfig& cfg, const CaseSpec& cs) const = 0;
   virtual void write_accumulation_arrays(H5::Group& root, const AccumulationCase& acc) const = 0;
+
+  // Model-level quality of one case (quality_case.hpp).
+  virtual QualityCase quality_case(const SweepConfig& cfg, const CaseSpec& cs) const = 0;
 };
 
 // This build's implementation.
