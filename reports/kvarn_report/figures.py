@@ -817,11 +817,11 @@ BUILDERS: List[Callable] = [fig_stage_errors, fig_kl_pareto, fig_context, fig_de
                             fig_model_budget, fig_throughput]
 
 
-def build_all(run: RunData, out_dir: str) -> List[Figure]:
+def build_all(run: RunData, out_dir: str, builders: Optional[List[Callable]] = None) -> List[Figure]:
     style.apply_style()
     styles = style.method_styles(run.methods)
     figs = []
-    for b in BUILDERS:
+    for b in BUILDERS if builders is None else builders:
         try:
             f = b(run, styles, out_dir)
         except Exception as e:  # one broken figure must not lose the report

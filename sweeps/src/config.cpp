@@ -252,6 +252,8 @@ void resolve(SweepConfig& cfg) {
       {"seed", cfg.seed}};
   // Only a non-default device enters the hash, so cpu configs keep older runs' hash.
   if (cfg.metrics.device != "cpu") cfg.resolved["metrics"]["device"] = cfg.metrics.device;
+  // Only configs with retrieval get the key, so older runs keep their hash.
+  if (cfg.retrieval.enabled) cfg.resolved["retrieval"] = retrieval_json(cfg.retrieval);
   cfg.hash = sha256_hex(cfg.resolved.dump());
 }
 
@@ -292,6 +294,13 @@ SweepConfig load_config(const fs::path& path, const std::vector<std::string>& se
     // Parsed before the top-level seed, so an absent accumulation.seed takes the default 0
     // (kept: it is part of existing run hashes).
     if (cfg.accumulation.enabled) parse_accumulation(c, acc, path, cfg);
+  }
+  if (const YAML::Node rn = root["retrieval"]; present(rn)) {
+    require_map(c, rn, "retrieval");
+    check_keys(c, rn, "retrieval", config_section_keys("retrieval"));
+    if (rn["enabled"].IsDefined())
+      cfg.retrieval.enabled = get_bool(c, rn["enabled"], "retrieval.enabled");
+    if (cfg.retrieval.enabled) parse_retrieval(c, rn, path, cfg);
   }
   parse_throughput(c, root["throughput"], path, cfg);
   parse_run_keys(c, root, cfg);

@@ -87,6 +87,10 @@ void parse_data(const Ctx& c, const YAML::Node& root, const std::filesystem::pat
 void parse_accumulation(const Ctx& c, const YAML::Node& acc,
                         const std::filesystem::path& config_path, SweepConfig& cfg);
 nlohmann::json accumulation_json(const AccumulationSettings& a);
+// config_retrieval.cpp: `retrieval:` with enabled: true.
+void parse_retrieval(const Ctx& c, const YAML::Node& n, const std::filesystem::path& config_path,
+                     SweepConfig& cfg);
+nlohmann::json retrieval_json(const RetrievalSettings& r);
 // config_methods.cpp: the case list (grids expanded within kMaxMethodCombinations,
 // deduplicated on the canonical spec while expanding).
 void resolve_cases(const Ctx& c, const YAML::Node& methods, SweepConfig& cfg);

@@ -226,6 +226,9 @@ class TorchRunnerSteps final : public RunnerSteps {
   void write_accumulation_arrays(H5::Group& root, const AccumulationCase& acc) const override {
     kvarn::write_accumulation_arrays(root, acc);
   }
+  RetrievalCase retrieval_case(const SweepConfig& cfg, const CaseSpec& cs) const override {
+    return run_retrieval_case(cfg, cs);
+  }
 };
 
 }  // namespace

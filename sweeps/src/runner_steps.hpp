@@ -14,6 +14,7 @@
 #include "accumulation_case.hpp"
 #include "config_parse.hpp"
 #include "kvarn/sweeps/config.hpp"
+#include "retrieval_case.hpp"
 
 namespace kvarn {
 
@@ -46,6 +47,9 @@ class RunnerSteps {
   // The accumulation protocols of one case (accumulation_case.hpp) and their arrays.
   virtual AccumulationCase accumulation_case(const SweepConfig& cfg, const CaseSpec& cs) const = 0;
   virtual void write_accumulation_arrays(H5::Group& root, const AccumulationCase& acc) const = 0;
+
+  // Passkey and induction copy of one case (retrieval_case.hpp).
+  virtual RetrievalCase retrieval_case(const SweepConfig& cfg, const CaseSpec& cs) const = 0;
 };
 
 // This build's implementation.

@@ -33,6 +33,9 @@ class NoRunnerSteps final : public RunnerSteps {
   void write_accumulation_arrays(H5::Group&, const AccumulationCase&) const override {
     no_runner("accumulation");
   }
+  RetrievalCase retrieval_case(const SweepConfig&, const CaseSpec&) const override {
+    no_runner("retrieval");
+  }
 };
 
 }  // namespace

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "kvarn/sweeps/config_retrieval.hpp"
+
 namespace kvarn {
 
 inline constexpr int kConfigSchemaVersion = 1;
@@ -125,6 +127,7 @@ struct SweepConfig {
   std::vector<CaseSpec> cases;
   MetricsSelection metrics;
   AccumulationSettings accumulation;
+  RetrievalSettings retrieval;     // config_retrieval.hpp
   std::string throughput_results;  // "" when none
   std::filesystem::path throughput_resolved;
   std::int64_t seed = 0;
