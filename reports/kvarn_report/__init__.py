@@ -18,7 +18,7 @@ def build_report(run_dir: str, out_dir: Optional[str] = None, quiet: bool = Fals
     """Build the report; returns {"html", "md", "figures", "tables", "notes"} (paths absolute)."""
     # The deterministic-output settings must precede any matplotlib import.
     os.environ.setdefault("SOURCE_DATE_EPOCH", "0")
-    from . import budget, figures, load, quality, tables, writers
+    from . import budget, figures, load, quality, retrieval, tables, writers
 
     run = load.load_run(run_dir)
     out = os.path.abspath(out_dir or os.path.join(run_dir, "report"))
@@ -27,7 +27,8 @@ def build_report(run_dir: str, out_dir: Optional[str] = None, quiet: bool = Fals
     os.makedirs(fig_dir, exist_ok=True)
     os.makedirs(tab_dir, exist_ok=True)
 
-    figs = quality.build_figures(run, fig_dir) + figures.build_all(run, fig_dir)  # quality first
+    figs = quality.build_figures(run, fig_dir)  # quality first
+    figs += figures.build_all(run, fig_dir, figures.BUILDERS + retrieval.BUILDERS)
     table = tables.main_table(run)
     caption = writers.MAIN_CAPTION + " " + table.note
     written = []
@@ -39,6 +40,7 @@ def build_report(run_dir: str, out_dir: Optional[str] = None, quiet: bool = Fals
         ("accumulation.md", tables.accumulation_markdown(run)),
         ("matched_budget.md", budget.markdown(run)),
         ("quality.md", quality.markdown(run)),
+        ("retrieval.md", retrieval.markdown(run)),
     ):
         if not text:  # no accumulation block in this run
             continue

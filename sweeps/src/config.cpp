@@ -254,6 +254,8 @@ void resolve(SweepConfig& cfg) {
   if (cfg.metrics.device != "cpu") cfg.resolved["metrics"]["device"] = cfg.metrics.device;
   // Only configs with quality enabled get the key, so other run hashes do not change.
   if (cfg.quality.enabled) cfg.resolved["quality"] = quality_json(cfg.quality);
+  // Only configs with retrieval get the key, so older runs keep their hash.
+  if (cfg.retrieval.enabled) cfg.resolved["retrieval"] = retrieval_json(cfg.retrieval);
   cfg.hash = sha256_hex(cfg.resolved.dump());
 }
 
@@ -300,6 +302,13 @@ SweepConfig load_config(const fs::path& path, const std::vector<std::string>& se
     check_keys(c, q, "quality", config_section_keys("quality"));
     if (q["enabled"].IsDefined()) cfg.quality.enabled = get_bool(c, q["enabled"], "quality.enabled");
     if (cfg.quality.enabled) parse_quality(c, q, path, cfg);
+  }
+  if (const YAML::Node rn = root["retrieval"]; present(rn)) {
+    require_map(c, rn, "retrieval");
+    check_keys(c, rn, "retrieval", config_section_keys("retrieval"));
+    if (rn["enabled"].IsDefined())
+      cfg.retrieval.enabled = get_bool(c, rn["enabled"], "retrieval.enabled");
+    if (cfg.retrieval.enabled) parse_retrieval(c, rn, path, cfg);
   }
   parse_throughput(c, root["throughput"], path, cfg);
   parse_run_keys(c, root, cfg);

@@ -91,6 +91,10 @@ nlohmann::json accumulation_json(const AccumulationSettings& a);
 void parse_quality(const Ctx& c, const YAML::Node& q, const std::filesystem::path& config_path,
                    SweepConfig& cfg);
 nlohmann::json quality_json(const QualitySettings& s);
+// config_retrieval.cpp: `retrieval:` with enabled: true.
+void parse_retrieval(const Ctx& c, const YAML::Node& n, const std::filesystem::path& config_path,
+                     SweepConfig& cfg);
+nlohmann::json retrieval_json(const RetrievalSettings& r);
 // config_methods.cpp: the case list (grids expanded within kMaxMethodCombinations,
 // deduplicated on the canonical spec while expanding).
 void resolve_cases(const Ctx& c, const YAML::Node& methods, SweepConfig& cfg);

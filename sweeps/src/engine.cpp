@@ -563,6 +563,9 @@ json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& ar
   // Error accumulation runs the model with the method in the loop (accumulation_case.cpp).
   AccumulationCase acc;
   if (cfg.accumulation.enabled) acc = runner_steps().accumulation_case(cfg, cs);
+  // Passkey and induction copy with the method in the loop (retrieval_case.cpp).
+  RetrievalCase ret;
+  if (cfg.retrieval.enabled) ret = runner_steps().retrieval_case(cfg, cs);
   if (arrays_path.empty()) {
     body(nullptr);
   } else {
@@ -599,6 +602,10 @@ json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& ar
     QualityCase qual = runner_steps().quality_case(cfg, cs);
     for (json& r : qual.rows) record["rows"].push_back(std::move(r));
     record["quality"] = std::move(qual.record);
+  }
+  if (cfg.retrieval.enabled) {
+    for (json& r : ret.rows) record["rows"].push_back(std::move(r));
+    record["retrieval"] = std::move(ret.record);
   }
   return record;
 }

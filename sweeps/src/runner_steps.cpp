@@ -229,6 +229,9 @@ class TorchRunnerSteps final : public RunnerSteps {
   QualityCase quality_case(const SweepConfig& cfg, const CaseSpec& cs) const override {
     return run_quality_case(cfg, cs);
   }
+  RetrievalCase retrieval_case(const SweepConfig& cfg, const CaseSpec& cs) const override {
+    return run_retrieval_case(cfg, cs);
+  }
 };
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "config_parse.hpp"
 #include "kvarn/sweeps/config.hpp"
 #include "quality_case.hpp"
+#include "retrieval_case.hpp"
 
 namespace kvarn {
 
@@ -50,6 +51,8 @@ class RunnerSteps {
 
   // Model-level quality of one case (quality_case.hpp).
   virtual QualityCase quality_case(const SweepConfig& cfg, const CaseSpec& cs) const = 0;
+  // Passkey and induction copy of one case (retrieval_case.hpp).
+  virtual RetrievalCase retrieval_case(const SweepConfig& cfg, const CaseSpec& cs) const = 0;
 };
 
 // This build's implementation.

@@ -36,6 +36,9 @@ class NoRunnerSteps final : public RunnerSteps {
   QualityCase quality_case(const SweepConfig&, const CaseSpec&) const override {
     no_runner("quality");
   }
+  RetrievalCase retrieval_case(const SweepConfig&, const CaseSpec&) const override {
+    no_runner("retrieval");
+  }
 };
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kvarn/sweeps/config_quality.hpp"
+#include "kvarn/sweeps/config_retrieval.hpp"
 
 namespace kvarn {
 
@@ -128,6 +129,7 @@ struct SweepConfig {
   MetricsSelection metrics;
   AccumulationSettings accumulation;
   QualitySettings quality;  // `quality:` (config_quality.hpp)
+  RetrievalSettings retrieval;     // config_retrieval.hpp
   std::string throughput_results;  // "" when none
   std::filesystem::path throughput_resolved;
   std::int64_t seed = 0;
