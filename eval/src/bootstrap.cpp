@@ -35,20 +35,23 @@ double mean(std::span<const double> x) {
   return s / static_cast<double>(x.size());
 }
 
-// Means of `resamples` resamples of x; resample b uses its own generator, so any split of the
-// range among threads gives the same vector.
-std::vector<double> resampled_means(std::span<const double> x, const BootstrapOptions& o) {
-  const std::size_t n = x.size();
+// Ratios sum(num[j]) / sum(den[j]) over `resamples` resamples j of n units (den empty: every
+// den is 1, i.e. the resampled mean); resample b uses its own generator, so any split of the range
+// among threads gives the same vector. `fallback`: the value of a resample whose den sums to 0.
+std::vector<double> resampled_ratios(std::span<const double> num, std::span<const double> den,
+                                     double fallback, const BootstrapOptions& o) {
+  const std::size_t n = num.size();
   std::vector<double> out(static_cast<std::size_t>(o.resamples));
   auto run = [&](std::size_t first, std::size_t last) {
     for (std::size_t b = first; b < last; ++b) {
       Rng rng(bootstrap_stream_seed(o.seed, b));
-      double s = 0;
+      double s = 0, w = 0;
       for (std::size_t i = 0; i < n; ++i) {
         const auto j = std::min(n - 1, static_cast<std::size_t>(rng.uniform() * n));
-        s += x[j];
+        s += num[j];
+        w += den.empty() ? 1.0 : den[j];
       }
-      out[b] = s / static_cast<double>(n);
+      out[b] = w > 0 ? s / w : fallback;
     }
   };
   const std::size_t threads = std::min<std::size_t>(o.threads, out.size());
@@ -74,15 +77,19 @@ double quantile(const std::vector<double>& sorted, double p) {
   return sorted[lo] + (h - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
 }
 
-BootstrapCi ci_of(std::span<const double> x, std::vector<double>& means,
+std::vector<double> resampled_means(std::span<const double> x, const BootstrapOptions& o) {
+  return resampled_ratios(x, {}, 0.0, o);
+}
+
+BootstrapCi ci_of(double estimate, std::size_t samples, std::vector<double>& means,
                   const BootstrapOptions& o) {
   std::sort(means.begin(), means.end());
   const double alpha = 1 - o.level;
   BootstrapCi ci;
-  ci.estimate = mean(x);
+  ci.estimate = estimate;
   ci.lo = quantile(means, alpha / 2);
   ci.hi = quantile(means, 1 - alpha / 2);
-  ci.samples = static_cast<int>(x.size());
+  ci.samples = static_cast<int>(samples);
   ci.resamples = o.resamples;
   ci.level = o.level;
   ci.seed = o.seed;
@@ -102,7 +109,25 @@ BootstrapCi bootstrap_mean_ci(std::span<const double> x, const BootstrapOptions&
   check_options(o);
   check_samples(x, "mean CI");
   std::vector<double> means = resampled_means(x, o);
-  return ci_of(x, means, o);
+  return ci_of(mean(x), x.size(), means, o);
+}
+
+BootstrapCi bootstrap_ratio_ci(std::span<const double> num, std::span<const double> den,
+                               const BootstrapOptions& o) {
+  check_options(o);
+  KVARN_CHECK(num.size() == den.size(), "bootstrap: ratio CI has ", num.size(), " numerators but ",
+              den.size(), " denominators");
+  check_samples(num, "ratio CI (numerator)");
+  check_samples(den, "ratio CI (denominator)");
+  double s = 0, w = 0;
+  for (std::size_t i = 0; i < num.size(); ++i) {
+    KVARN_CHECK(den[i] >= 0, "bootstrap: ratio CI denominator ", i, " is negative (", den[i], ")");
+    s += num[i];
+    w += den[i];
+  }
+  KVARN_CHECK(w > 0, "bootstrap: ratio CI: every denominator is 0");
+  std::vector<double> ratios = resampled_ratios(num, den, s / w, o);
+  return ci_of(s / w, num.size(), ratios, o);
 }
 
 PairedComparison paired_bootstrap(std::span<const double> a, std::span<const double> b,
@@ -121,7 +146,7 @@ PairedComparison paired_bootstrap(std::span<const double> a, std::span<const dou
     ge += m >= 0;
   }
   PairedComparison c;
-  c.difference = ci_of(diff, means, o);
+  c.difference = ci_of(mean(diff), diff.size(), means, o);
   c.significant = c.difference.lo > 0 || c.difference.hi < 0;
   const double share = static_cast<double>(std::min(le, ge)) / static_cast<double>(means.size());
   c.p_value = std::min(1.0, 2 * share);

@@ -21,9 +21,18 @@ REFERENCE_FAMILIES = ("fp16",)
 # only in these lie on one error-vs-bits curve.
 BUDGET_KEYS = {"k", "v", "bits", "k_bits", "v_bits", "g", "group", "k_group", "v_group", "scales",
                "sink", "recent", "residual"}
-TILES_METRIC = ("attention.kl.mean", "Attention KL (nats)")
-MODEL_METRICS = [("decode.kl.mean", "Decode KL (nats)"),
-                 ("accumulation.mae_accumulated.final", "MAE acc. (final)")]
+# (headline metric, label, all-rows metric shown beside it or None). The headline covers the rows
+# that read at least one quantized token (docs/metrics.md, "Position buckets"); runs without it
+# fall back to the all-rows metric.
+TILES_METRICS = [("attention.headline.kl.mean", "Attention KL, rows reading quantized tokens (nats)",
+                  "attention.kl.mean"),
+                 ("attention.kl.mean", "Attention KL (nats)", None)]
+TILES_METRIC = TILES_METRICS[1][:2]
+MODEL_METRICS = [("decode.kl.headline", "Decode KL, steps reading quantized tokens (nats)", "decode.kl.mean"),
+                 ("decode.kl.mean", "Decode KL (nats)", None),
+                 ("accumulation.mae_accumulated.final.headline", "MAE acc. (final block, quantized layers)",
+                  "accumulation.mae_accumulated.final"),
+                 ("accumulation.mae_accumulated.final", "MAE acc. (final)", None)]
 
 
 @dataclass
@@ -32,8 +41,9 @@ class Point:
     bits: float  # effective (or steady-state where the run has no effective bits)
     steady: float
     error: float
-    prompts: Dict[str, float] = field(default_factory=dict)  # per-prompt values, when recorded
+    prompts: Dict[str, float] = field(default_factory=dict)  # per-unit (prompt / slab) values
     ci: Optional[stats.Interval] = None
+    all_rows: float = math.nan  # the all-rows value beside a headline metric
 
 
 @dataclass
@@ -110,26 +120,49 @@ class Section:
     metric_label: str
     effective: bool  # False: the run has no effective bits, the steady-state bits stand in
     points: List[Point]
+    all_rows_metric: Optional[str] = None
+    unit: str = "prompts"
 
     @property
     def bits_label(self) -> str:
         return "eff. bits" if self.effective else "steady-state bits (no effective bits in this run)"
 
 
+def _first_present(run: RunData, data: str, choices):
+    for metric, label, beside in choices:
+        if any(not math.isnan(run.value(k, metric, data)) for k in run.methods):
+            return metric, label, beside
+    return None
+
+
+def tile_files(run: RunData) -> List[str]:
+    """The tiles files of the run (data of the attention rows), in row order."""
+    out: List[str] = []
+    for r in run.rows:
+        if r.scope == "attention" and r.data not in out:
+            out.append(r.data)
+    return out
+
+
 def sections(run: RunData) -> List[Section]:
+    """One section per tiles file (D differs between files: never pooled) and per model and
+    model metric, each on its headline metric with the all-rows metric beside it."""
     out = []
-    if run.has_metric(TILES_METRIC[0]):
-        out.append(_section(run, "Tiles (all data files)", None, *TILES_METRIC))
+    for data in tile_files(run):
+        pick = _first_present(run, data, TILES_METRICS)
+        if pick:
+            out.append(_section(run, f"Tiles {data}", data, *pick, unit="(sequence, layer, KV head) slabs"))
     for name, head_dim in run.accumulation_models():
-        for metric, label in MODEL_METRICS:
-            if any(not math.isnan(run.value(k, metric, name)) for k in run.methods):
-                title = name + (f" (head_dim {head_dim})" if head_dim else "")
-                out.append(_section(run, title, name, metric, label))
-                break
+        title = name + (f" (head_dim {head_dim})" if head_dim else "")
+        for group in (MODEL_METRICS[:2], MODEL_METRICS[2:]):
+            pick = _first_present(run, name, group)
+            if pick:
+                out.append(_section(run, title, name, *pick))
     return [s for s in out if s.points]
 
 
-def _section(run: RunData, title: str, data: Optional[str], metric: str, label: str) -> Section:
+def _section(run: RunData, title: str, data: Optional[str], metric: str, label: str,
+             beside: Optional[str] = None, unit: str = "prompts") -> Section:
     pts, effective = [], True
     for k in run.methods:
         b, eff = run.budget(k, data)
@@ -137,9 +170,13 @@ def _section(run: RunData, title: str, data: Optional[str], metric: str, label: 
         if math.isnan(b) or math.isnan(v):
             continue
         effective = effective and eff
-        prompts = run.prompt_values(k, data, metric) if data else {}
-        pts.append(Point(k, b, run.bits(k, data), v, prompts, stats.bootstrap_ci(list(prompts.values()))))
-    return Section(title, metric, label, effective, pts)
+        units = run.unit_values(k, data, metric) if data else {}
+        rec = run.interval(k, metric, data) if data else None
+        ci = (stats.Interval(v, rec[0], rec[1], rec[2]) if rec is not None
+              else stats.bootstrap_ci(list(units.values())))
+        all_rows = run.value(k, beside, data) if beside else math.nan
+        pts.append(Point(k, b, run.bits(k, data), v, units, ci, all_rows))
+    return Section(title, metric, label, effective, pts, beside, unit)
 
 
 # ------------------------------------------------------------------ rendering
@@ -154,15 +191,16 @@ def _e(v: float) -> str:
 
 
 def _with_ci(p: Point) -> str:
+    beside = "" if math.isnan(p.all_rows) else f"; all rows {_e(p.all_rows)}"
     if p.ci is None:
-        return _e(p.error) + (f" (n = {len(p.prompts)})" if p.prompts else "")
-    return f"{_e(p.error)} [{_e(p.ci.lo)}, {_e(p.ci.hi)}]"
+        return _e(p.error) + (f" (n = {len(p.prompts)}{beside})" if p.prompts else (f" ({beside[2:]})" if beside else ""))
+    return f"{_e(p.error)} [{_e(p.ci.lo)}, {_e(p.ci.hi)}]" + (f" ({beside[2:]})" if beside else "")
 
 
 def _verdict(pr: Pair) -> str:
     t = pr.test
     if t is None:
-        return "no per-prompt data"
+        return "no per-unit data"
     if t.verdict == "a lower":
         return f"{pr.a.key.label} lower (significant)"
     if t.verdict == "b lower":
@@ -182,6 +220,27 @@ def pair_rows(sec: Section) -> Tuple[List[str], List[List[str]]]:
         rows.append([pr.a.key.label, _f(pr.a.bits), _f(pr.a.steady), pr.b.key.label, _f(pr.b.bits),
                      _f(pr.b.steady), _with_ci(pr.a), _with_ci(pr.b), diff, _verdict(pr)])
     return head, rows
+
+
+def not_significant(sec: Section) -> List[str]:
+    """The matched pairs whose ordering the paired bootstrap does not support (or cannot test)."""
+    out = []
+    for pr in matched_pairs(sec.points):
+        if pr.test is None or pr.test.verdict in ("not significant", "n < 2: untested"):
+            why = "untested" if pr.test is None or pr.test.verdict.startswith("n <") else "CI of A − B includes 0"
+            out.append(f"{pr.a.key.label} vs {pr.b.key.label} ({why})")
+    return out
+
+
+def significance_text(sec: Section) -> str:
+    pairs = matched_pairs(sec.points)
+    ns = not_significant(sec)
+    if not pairs:
+        return ""
+    if not ns:
+        return f"Every ordering of the {len(pairs)} matched pairs is significant (paired bootstrap, 95 %)."
+    return (f"Not significant ({len(ns)} of {len(pairs)} matched pairs; read these orderings as ties): "
+            + "; ".join(ns) + ".")
 
 
 def interp_rows(sec: Section) -> Tuple[List[str], List[List[str]]]:
@@ -204,11 +263,14 @@ def curve_members(sec: Section) -> List[str]:
 def note(sec: Section) -> str:
     bits = ("effective bits/element (as stored at the measured length)" if sec.effective else
             "steady-state bits/element: this run records no effective bits")
+    beside = (f" Beside each value: the same metric over all rows (`{sec.all_rows_metric}`), which rows "
+              "reading only fp16 tokens dilute." if sec.all_rows_metric else "")
     return (f"Pairs of compressed methods within ±{TOLERANCE} bit of each other in {bits}; the metric is "
-            f"{sec.metric_label} (`{sec.metric}`), lower is better. Intervals are percentile bootstrap 95 % "
-            f"CIs over prompts ({stats.RESAMPLES} resamples, seed {stats.SEED}); the ordering is a paired "
-            "bootstrap over the prompts both methods ran, significant when the interval of A − B "
-            "excludes 0. “–” or “n = 1”: too few prompts for an interval.")
+            f"{sec.metric_label} (`{sec.metric}`), lower is better.{beside} Intervals are percentile "
+            f"bootstrap 95 % CIs over {sec.unit} (the engine's, seeded by the config seed, where the row "
+            f"records one; else {stats.RESAMPLES} resamples, seed {stats.SEED}); the ordering is a paired "
+            f"bootstrap over the {sec.unit} both methods share, significant when the interval of A − B "
+            "excludes 0. “–” or “n = 1”: too few units for an interval.")
 
 
 INTERP_NOTE = (f"Each curve (a family with fixed non-budget parameters) read off by linear interpolation "
@@ -238,6 +300,8 @@ def markdown(run: RunData) -> str:
         parts += [f"### {sec.title}: {sec.metric_label}", ""]
         head, rows = pair_rows(sec)
         parts += [_md(head, rows) if rows else f"No two methods lie within ±{TOLERANCE} bit.", "", note(sec), ""]
+        if significance_text(sec):
+            parts += [significance_text(sec), ""]
         ih, ir = interp_rows(sec)
         if ir:
             parts += ["Interpolated at common budgets:", "", _md(ih, ir), INTERP_NOTE, ""]
@@ -253,6 +317,8 @@ def to_html(run: RunData) -> str:
         head, rows = pair_rows(sec)
         parts.append(_html(head, rows, (0, 3, 9)) if rows else f"<p>No two methods lie within ±{TOLERANCE} bit.</p>")
         parts.append(f"<p>{e(note(sec))}</p>")
+        if significance_text(sec):
+            parts.append(f"<p>{e(significance_text(sec))}</p>")
         ih, ir = interp_rows(sec)
         if ir:
             parts += ["<p>Interpolated at common budgets:</p>", _html(ih, ir), f"<p>{e(INTERP_NOTE)}</p><ul>"]

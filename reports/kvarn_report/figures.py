@@ -611,11 +611,11 @@ def fig_heatmaps(run: RunData, styles, out_dir: str) -> Optional[Figure]:
 
 
 def fig_model_budget(run: RunData, styles, out_dir: str) -> Optional[Figure]:
-    """Per model: the decode error against model-level bits, with bootstrap 95 % CIs over prompts."""
+    """Per tiles file and per model: the headline error against effective bits with bootstrap
+    95 % CIs over units (slabs, prompts) and the Pareto front."""
     from . import budget, stats
 
-    secs = [s_ for s_ in budget.sections(run) if s_.title != "Tiles (all data files)"]
-    secs = [s_ for s_ in secs if any(p.error > 0 for p in s_.points)]
+    secs = [s_ for s_ in budget.sections(run) if any(p.error > 0 for p in s_.points)]
     if not secs:
         if run.accumulation_models():
             run.notes.append("Figure 'model error vs bits' skipped: no accumulation/decode summary rows.")
@@ -623,6 +623,11 @@ def fig_model_budget(run: RunData, styles, out_dir: str) -> Optional[Figure]:
     fig, axes = _panel_grid(len(secs), 4.6)
     with_ci = False
     for ax, sec in zip(axes, secs):
+        drawn = [p for p in sec.points if p.error > 0 and p.bits > 0]
+        front = pareto_min([(p.bits, p.error) for p in drawn])
+        if len(front) >= 2:
+            ax.plot([drawn[i].bits for i in front], [drawn[i].error for i in front], drawstyle="steps-post",
+                    color="0.35", linestyle="--", linewidth=1.0, zorder=1)
         for p in sec.points:
             if p.error <= 0 or p.bits <= 0:
                 continue
@@ -640,16 +645,21 @@ def fig_model_budget(run: RunData, styles, out_dir: str) -> Optional[Figure]:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
     fig.tight_layout()
     style.save(fig, out_dir, "model_budget")
-    ci_txt = (f"Whiskers are percentile bootstrap 95 % confidence intervals over prompts ({stats.RESAMPLES} "
-              f"resamples, seed {stats.SEED})." if with_ci else
-              "No whiskers: the run has fewer than two prompts per method, so no interval can be given.")
+    ci_txt = ("Whiskers are percentile bootstrap 95 % confidence intervals over units: (sequence, layer, KV "
+              "head) slabs for tiles files, prompts for models (the engine's intervals, seeded by the config "
+              f"seed; else {stats.RESAMPLES} resamples, seed {stats.SEED}); overlapping whiskers alone do not "
+              "decide an ordering, the paired tests in the matched-budget tables do." if with_ci else
+              "No whiskers: the run has fewer than two units (prompts, slabs) per method, so no interval "
+              "can be given.")
     return Figure(
         "model_budget",
-        "Model-level error against bits per element",
-        "Each point is one method on one model (error-accumulation run): x its model-level bits per "
-        "element (effective: fp16 boundary layers averaged over all layers, windows and metadata "
-        "included, where the run records them), y the mean over prompts of the metric named on the axis. "
-        "Down and to the left is better; methods at equal x are compared in the matched-budget tables. "
+        "Headline error against effective bits, with confidence intervals",
+        "Each point is one method on one tiles file or model: x its bits per element (effective: as "
+        "stored at the measured length, fp16 sink, windows, boundary layers averaged over all layers and "
+        "metadata included, where the run records them), y the headline metric named on the axis (rows "
+        "or steps that read at least one quantized token; the all-rows values are in the tables). "
+        "Down and to the left is better; the dashed step line is the Pareto front; methods at equal x "
+        "are compared in the matched-budget tables. "
         + ci_txt + " Methods with exactly zero error (FP16) are not drawn." + _panel_note([(s_.title, 0) for s_ in secs]),
         "figures/model_budget.png",
         "figures/model_budget.pdf",

@@ -91,6 +91,9 @@ class Row:
     value: float
     data: str = ""  # the tiles or, for accumulation/decode rows, the model the row is about
     eff_bits: float = math.nan  # bits/element as stored at the measured length (NaN: not recorded)
+    ci_lo: float = math.nan  # bootstrap 95 % CI over units (slabs or prompts), where recorded
+    ci_hi: float = math.nan
+    ci_units: int = 0
 
 
 @dataclass
@@ -228,6 +231,31 @@ class RunData:
                     if not math.isnan(v):
                         acc.setdefault(str(p.get("prompt_id")), []).append(v)
         return {pid: float(np.mean(v)) for pid, v in acc.items()}
+
+    def interval(self, key: MethodKey, metric: str, data: Optional[str] = None) -> Optional[Tuple[float, float, int]]:
+        """(lo, hi, units) of the bootstrap CI the engine recorded on the whole-cache row of
+        `metric` (of `data` when given); None without one, or when several cases/data files would
+        have to be averaged (their intervals do not combine)."""
+        rows = [r for r in self.rows if r.metric == metric and self.case_method.get(r.case_id) == key
+                and (data is None or r.data == data) and r.layer < 0 and r.head < 0]
+        if len(rows) != 1 or math.isnan(rows[0].ci_lo) or math.isnan(rows[0].ci_hi):
+            return None
+        return rows[0].ci_lo, rows[0].ci_hi, rows[0].ci_units
+
+    def unit_values(self, key: MethodKey, data: str, metric: str) -> Dict[str, float]:
+        """{unit: value} behind a row's CI: tile units ((sequence, layer, KV head) slabs) from the
+        case records' `units`, else per-prompt values (prompt_values).  Several cases of the method
+        are averaged per unit."""
+        acc: Dict[str, List[float]] = {}
+        for c in self.cases_of(key):
+            units = self.cases.get(c, {}).get("units")
+            per = units.get(data, {}).get(metric) if isinstance(units, dict) and isinstance(units.get(data), dict) else None
+            for u, v in (per.items() if isinstance(per, dict) else []):
+                if not math.isnan(_num(v)):
+                    acc.setdefault(str(u), []).append(_num(v))
+        if acc:
+            return {u: float(np.mean(v)) for u, v in acc.items()}
+        return self.prompt_values(key, data, metric)
 
     # ------------------------------------------------------------------ arrays
     def arrays(self, case_id: str) -> Optional[Dict[str, np.ndarray]]:
@@ -396,6 +424,9 @@ def load_run(run_dir: str) -> RunData:
                 value=_num(d.get("value")),
                 data=str(d.get("data") or ""),
                 eff_bits=_num(d.get("effective_bits")),
+                ci_lo=_num(d.get("ci_lo")),
+                ci_hi=_num(d.get("ci_hi")),
+                ci_units=_int(d.get("ci_units"), 0),
             )
         )
     if not run.rows:

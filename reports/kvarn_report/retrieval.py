@@ -1,4 +1,4 @@
-"""Retrieval with the quantized cache in the loop (docs/metrics.md §9): passkey accuracy heatmaps
+"""Retrieval with the quantized cache in the loop (docs/metrics.md §10): passkey accuracy heatmaps
 per method (needle depth x prompt length) and the tables with binomial 95 % intervals (passkey
 cells, induction copy), read from the `retrieval` block of the case records."""
 
@@ -87,7 +87,7 @@ def fig_passkey(run: RunData, styles, out_dir: str) -> Optional[Figure]:
         f"({model}), one panel per method: rows are the needle depth (0: start of the haystack, "
         "1: right before the question), columns the prompt length in tokens; each cell reads "
         "successes/trials. The prompt was prefilled through the method's cache in pseudo-decode "
-        "blocks and answered greedily with the same cache (docs/metrics.md §9). The 95 % "
+        "blocks and answered greedily with the same cache (docs/metrics.md §10). The 95 % "
         "intervals are in tables/retrieval.md; with few trials per cell they are wide.",
         "figures/retrieval_passkey.png",
         "figures/retrieval_passkey.pdf",

@@ -28,7 +28,10 @@ FALLBACK_COLUMN = Column("Bits/el (steady state)", r"Bits/el.\ (steady)\,$\downa
 MAIN_COLUMNS = [
     Column("K NMSE", r"K NMSE\,$\downarrow$", "key.end_to_end.nmse", "min", "sci"),
     Column("V NMSE", r"V NMSE\,$\downarrow$", "value.end_to_end.nmse", "min", "sci"),
-    Column("Attn KL (nats)", r"Attn.\ KL\,$\downarrow$", "attention.kl.mean", "min", "sci"),
+    # Headline: query rows that read at least one quantized token; the all-rows mean beside it.
+    Column("Attn KL, quant. rows (nats)", r"Attn.\ KL (q.\ rows)\,$\downarrow$", "attention.headline.kl.mean",
+           "min", "sci"),
+    Column("Attn KL, all rows (nats)", r"Attn.\ KL (all)\,$\downarrow$", "attention.kl.mean", "min", "sci"),
     Column("Top-1 overlap", r"Top-1\,$\uparrow$", "attention.top1_overlap", "max", "frac"),
     Column("Output NMSE", r"Out.\ NMSE\,$\downarrow$", "attention.output_nmse", "min", "sci"),
 ]
@@ -36,9 +39,12 @@ MAIN_COLUMNS = [
 # Error accumulation (docs/metrics.md §5), one table per model: a model's rows are never averaged
 # with another model's.
 ACCUMULATION_COLUMNS = [
+    Column("MAE acc. final, quant. layers", r"MAE acc.\ (q.\ layers)\,$\downarrow$",
+           "accumulation.mae_accumulated.final.headline", "min", "sci"),
     Column("MAE acc. (final)", r"MAE acc.\,$\downarrow$", "accumulation.mae_accumulated.final", "min", "sci"),
     Column("MAE static (final)", r"MAE static\,$\downarrow$", "accumulation.mae_static.final", "min", "sci"),
     Column("NMSE acc. (final)", r"NMSE acc.\,$\downarrow$", "accumulation.nmse_accumulated.final", "min", "sci"),
+    Column("Decode KL, quant. steps", r"Decode KL (q.)\,$\downarrow$", "decode.kl.headline", "min", "sci"),
     Column("Decode KL (nats)", r"Decode KL\,$\downarrow$", "decode.kl.mean", "min", "sci"),
     Column("Top-1 agreement", r"Top-1\,$\uparrow$", "decode.top1_agreement", "max", "frac"),
     Column("1st divergence (step)", r"1st div.\,$\uparrow$", "decode.first_divergence", "max", "num"),
@@ -89,7 +95,9 @@ def main_table(run: RunData) -> Table:
     for k in run.methods:
         values.append([_bits_value(run, k, c) if c.metric is None else run.value(k, c.metric) for c in cols])
     flags = _best_flags(values, run.methods, cols)
-    note = (_bits_note(run) + " Mean over layers, heads and cases. Arrows give the better direction; bold marks the best "
+    note = (_bits_note(run) + " Mean over layers, heads and cases; “quant. rows”: query rows that read at "
+            "least one quantized token (the headline; rows reading only an fp16 sink or window dilute the "
+            "all-rows mean). Arrows give the better direction; bold marks the best "
             "value among the compressed methods (FP16 is the uncompressed reference and is not ranked). "
             "“–” means the metric is undefined or was not measured for that method.")
     return Table(run.methods, cols, values, flags, note)
@@ -138,7 +146,9 @@ def accumulation_tables(run: RunData) -> List[Tuple[str, Table]]:
                 row.append(cis[k] or "–")
         note = (_bits_note(run) + " Model-level bits average the fp16 boundary layers over all layers. Last pseudo-decode block (final context) for MAE/NMSE, averaged over layers and prompts; "
                 "decode columns are means over the teacher-forced (KL, top-1) and greedy free-running "
-                "(first divergence; = decode steps when none) steps. Bold: best compressed method.")
+                "(first divergence; = decode steps when none) steps. “quant. layers” / “quant. steps”: only the "
+                "layers / steps that read at least one quantized token (TurboQuant's fp16 boundary layers and "
+                "FP16 read none). Bold: best compressed method.")
         if CI_COLUMN in cols:
             from . import stats
 

@@ -53,7 +53,9 @@ void add_compare_command(CLI::App& app) {
   cmd->add_option("new", o->now, "New run directory (or its summary.jsonl)")->required();
   cmd->add_option("--tolerance", o->tolerance,
                   "Per-family tolerances by metric-name prefix, e.g. "
-                  "'default:rel=1e-6,abs=1e-9;nmse:rel=0.01;kl:rel=0.05,abs=1e-6'")
+                  "'default:rel=1e-6,abs=1e-9;nmse:rel=0.01;kl:rel=0.05,abs=1e-6'; add 'ci' "
+                  "to flag a row with a bootstrap CI only when the new value leaves the base "
+                  "run's CI, e.g. 'ci;default:rel=1e-6'")
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print the comparison as JSON");
   cmd->callback([o] { run_compare(*o); });

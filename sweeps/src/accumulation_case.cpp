@@ -6,7 +6,9 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kvarn/core/effective_bits.hpp"
@@ -16,6 +18,7 @@
 #include "kvarn/eval/metrics.hpp"
 #include "kvarn/runner/accumulation.hpp"
 #include "kvarn/runner/runner.hpp"
+#include "kvarn/sweeps/unit_stats.hpp"
 
 namespace kvarn {
 
@@ -23,7 +26,8 @@ struct AccumulationCaseData {
   struct Model {
     std::string name;
     int num_layers = 0;
-    std::vector<AccumulationResult> prompts;  // empty when skipped
+    std::vector<AccumulationResult> prompts;                             // empty when skipped
+    std::vector<std::vector<std::pair<std::string, double> > > buckets;  // per prompt
   };
   std::vector<Model> models;
 };
@@ -201,6 +205,66 @@ void write_model(H5::Group& g, const AccumulationCaseData::Model& m) {
   if (sampled) free("sampled", &AccumulationResult::sampled);
 }
 
+// Cells' values by position bucket as summary entries "<name>.headline" (cells reading a
+// quantized token), "<name>.all_rows" (every cell) and "<name>.bucket.<label>".
+void add_bucket_entries(const std::string& name, const std::vector<double>& values,
+                        const std::vector<int>& distances, bool all_rows,
+                        std::vector<std::pair<std::string, double> >& out) {
+  const BucketSummary b = summarize_by_bucket(values, distances);
+  if (b.headline_rows > 0) out.emplace_back(name + ".headline", b.headline);
+  if (all_rows && b.total_rows > 0) out.emplace_back(name + ".all_rows", b.all_rows);
+  for (std::size_t i = 0; i < b.labels.size(); ++i)
+    if (b.rows[i] > 0) out.emplace_back(name + ".bucket." + b.labels[i], b.mean[i]);
+}
+
+// Position-bucket summaries of one prompt (docs/metrics.md, "Position buckets"): pseudo-decode
+// (block, layer) cells over every block and at the last block, teacher-forced steps.
+std::vector<std::pair<std::string, double> > bucket_summary(const Method& method, int head_dim,
+                                                            int num_layers, int block,
+                                                            bool quantized,
+                                                            const AccumulationResult& r) {
+  std::vector<std::pair<std::string, double> > out;
+  if (r.has_pseudo && !r.pseudo.context_len.empty()) {
+    const auto& cl = r.pseudo.context_len;
+    using Field = std::vector<std::vector<double> > PseudoDecodeResult::*;
+    const std::tuple<const char*, Field, bool> fields[] = {
+        {"accumulation.mae_accumulated", &PseudoDecodeResult::mae_accumulated, false},
+        {"accumulation.nmse_accumulated", &PseudoDecodeResult::nmse_accumulated, false},
+        {"accumulation.mae_static", &PseudoDecodeResult::mae_static, true},
+        {"accumulation.nmse_static", &PseudoDecodeResult::nmse_static, true}};
+    for (const auto& [name, f, is_static] : fields) {
+      const auto d = block_distances(method, head_dim, num_layers, cl, quantized, is_static);
+      const auto& v = r.pseudo.*f;
+      std::vector<double> cells, last(v.back().begin(), v.back().end());
+      std::vector<int> dist;
+      for (std::size_t j = 0; j < v.size(); ++j) {
+        cells.insert(cells.end(), v[j].begin(), v[j].end());
+        dist.insert(dist.end(), d[j].begin(), d[j].end());
+      }
+      add_bucket_entries(name, cells, dist, true, out);
+      // The last block over the layers that read a quantized token (TurboQuant's fp16 boundary
+      // layers read none).
+      const BucketSummary fin = summarize_by_bucket(last, d.back());
+      if (fin.headline_rows > 0)
+        out.emplace_back(std::string(name) + ".final.headline", fin.headline);
+    }
+  }
+  if (r.has_teacher && !r.teacher.kl.empty()) {
+    const int context =
+        r.has_pseudo && !r.pseudo.context_len.empty() ? r.pseudo.context_len.back() : 0;
+    if (context > 0) {
+      const int last_start = ((context - 1) / block) * block;
+      const std::vector<int> d =
+          decode_step_distances(method, head_dim, num_layers, context, last_start,
+                                static_cast<int>(r.teacher.kl.size()), quantized);
+      add_bucket_entries("decode.kl", r.teacher.kl, d, false, out);
+      const BucketSummary top1 = summarize_by_bucket(r.teacher.top1, d);
+      if (top1.headline_rows > 0) out.emplace_back("decode.top1_agreement.headline", top1.headline);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 namespace {
@@ -211,31 +275,44 @@ namespace {
 // sink/tail/windows and boundary layers included); `policy` the current-token policy.
 void add_summary_rows(const CaseSpec& cs, const AccumulationModel& m, double bits, double eff,
                       const std::string& policy, const AccumulationCaseData::Model& md,
-                      json& rows) {
-  auto row = [&](const std::string& metric, json layer, double value) {
-    rows.push_back({{"case_id", cs.id},
-                    {"method", cs.name},
-                    {"spec", cs.spec},
-                    {"family", cs.family},
-                    {"data", md.name},
-                    {"bits_per_element", bits},
-                    {"effective_bits", eff},
-                    {"current_token", policy},
-                    {"metric", metric},
-                    {"scope", metric.substr(0, metric.find('.'))},
-                    {"layer", std::move(layer)},
-                    {"head", "all"},
-                    {"value", json_number(value)}});
+                      const BootstrapOptions& bopts, json& rows) {
+  auto row = [&](const std::string& metric, json layer, double value,
+                 const std::optional<BootstrapCi>& ci = std::nullopt) {
+    json r = {{"case_id", cs.id},
+              {"method", cs.name},
+              {"spec", cs.spec},
+              {"family", cs.family},
+              {"data", md.name},
+              {"bits_per_element", bits},
+              {"effective_bits", eff},
+              {"current_token", policy},
+              {"metric", metric},
+              {"scope", metric.substr(0, metric.find('.'))},
+              {"layer", std::move(layer)},
+              {"head", "all"},
+              {"value", json_number(value)}};
+    add_ci_columns(ci, r);
+    rows.push_back(std::move(r));
   };
   std::vector<std::string> names;
   std::map<std::string, std::vector<double> > values;
-  for (const AccumulationResult& res : md.prompts) {
-    for (const auto& [k, v] : accumulation_summary(res)) {
+  for (std::size_t p = 0; p < md.prompts.size(); ++p) {
+    auto entries = accumulation_summary(md.prompts[p]);
+    entries.insert(entries.end(), md.buckets[p].begin(), md.buckets[p].end());
+    for (const auto& [k, v] : entries) {
       if (!values.count(k)) names.push_back(k);
       values[k].push_back(v);
     }
   }
-  for (const std::string& k : names) row(k, "all", finite_mean(values[k]));
+  // Means over prompts, each with its bootstrap CI over the prompts (>= 2 finite values).
+  for (const std::string& k : names) {
+    std::vector<double> finite;
+    for (double v : values[k])
+      if (std::isfinite(v)) finite.push_back(v);
+    std::optional<BootstrapCi> ci;
+    if (finite.size() >= 2) ci = bootstrap_mean_ci(finite, bopts);
+    row(k, "all", finite_mean(values[k]), ci);
+  }
   const AccumulationResult& f = md.prompts.front();
   for (int l = 0; l < m.num_layers; ++l) {
     std::vector<double> acc, sta, drift;
@@ -293,6 +370,10 @@ AccumulationCase run_accumulation_case(const SweepConfig& cfg, const CaseSpec& c
       const AccumulationReference& ref = reference_for(r, m, a, p, policy);
       AccumulationResult res = run_accumulation(r.model(), ref, cs.spec, options_of(a, p, policy));
       json jr = to_json(res);
+      // Position-bucket summaries join the prompt's summary (the report pairs prompts on them).
+      md.buckets.push_back(
+          bucket_summary(*method, m.head_dim, m.num_layers, a.block, policy == "quantized", res));
+      for (const auto& [k, v] : md.buckets.back()) jr["summary"][k] = json_number(v);
       jr["prompt_id"] = a.prompt_ids[p];
       jr["prompt_tokens"] = ref.prompt_tokens;
       prompts.push_back(std::move(jr));
@@ -301,8 +382,8 @@ AccumulationCase run_accumulation_case(const SweepConfig& cfg, const CaseSpec& c
     jm["prompts"] = std::move(prompts);
     models.push_back(std::move(jm));
     add_summary_rows(cs, m, method->accounting(m.head_dim).bits_per_element(),
-                     model_effective_bits(*method, m.head_dim, a.context, m.num_layers), policy,
-                     md, out.rows);
+                     model_effective_bits(*method, m.head_dim, a.context, m.num_layers), policy, md,
+                     row_bootstrap_options(cfg.seed), out.rows);
     out.data->models.push_back(std::move(md));
   }
   out.record = {{"models", std::move(models)},

@@ -105,6 +105,20 @@ std::vector<SummaryRow> parse_summary_jsonl(const std::string& text, const std::
   return out;
 }
 
+// The bootstrap CI a base row carries (summary columns ci_lo, ci_hi; numbers or eval's
+// "inf"/"-inf" strings); false when it has none.
+static bool base_ci(const json& row, double* lo, double* hi) {
+  auto num = [](const json& v, double* out) {
+    if (v.is_number()) {
+      *out = v.get<double>();
+      return std::isfinite(*out);
+    }
+    return false;
+  };
+  return row.contains("ci_lo") && row.contains("ci_hi") && num(row["ci_lo"], lo) &&
+         num(row["ci_hi"], hi) && *lo <= *hi;
+}
+
 // Dot-separated components of a metric name ("key.end_to_end.nmse" -> key, end_to_end, nmse).
 static std::vector<std::string> components(const std::string& metric) {
   std::vector<std::string> out;
@@ -137,13 +151,18 @@ ToleranceSpec parse_tolerance(const std::string& text) {
     std::optional<double> rel, abs;
   };
   std::vector<Entry> entries;
+  bool use_ci = false;
   std::stringstream ss(text);
   for (std::string item; std::getline(ss, item, ';');) {
     item = trim(item);
     if (item.empty()) continue;
+    if (item == "ci") {
+      use_ci = true;
+      continue;
+    }
     const auto colon = item.find(':');
     KVARN_CHECK(colon != std::string::npos && colon > 0, "--tolerance '", item,
-                "': expected FAMILY:rel=X,abs=Y (e.g. nmse:rel=0.01)");
+                "': expected FAMILY:rel=X,abs=Y (e.g. nmse:rel=0.01) or ci");
     Entry e;
     e.family = trim(item.substr(0, colon));
     std::stringstream ps(item.substr(colon + 1));
@@ -166,6 +185,7 @@ ToleranceSpec parse_tolerance(const std::string& text) {
     entries.push_back(e);
   }
   ToleranceSpec spec;
+  spec.use_ci = use_ci;
   for (const Entry& e : entries) {
     if (e.family != "default") continue;
     if (e.rel) spec.fallback.rel = *e.rel;
@@ -184,8 +204,8 @@ Direction metric_direction(const std::string& m) {
     for (const char* p : {"snr", "cos", "topk"}) {
       if (starts_with(c, p)) return Direction::kHigherIsBetter;
     }
-    for (const char* p :
-         {"imbalance", "magnitude_share", "best_iter", "effective_bits", "outlier_k_err_share"}) {
+    for (const char* p : {"imbalance", "magnitude_share", "best_iter", "effective_bits",
+                          "outlier_k_err_share", "rows"}) {
       if (starts_with(c, p)) return Direction::kNeutral;
     }
   }
@@ -213,6 +233,7 @@ json CompareResult::to_json() const {
                     {"new", r.in_new ? num(r.now) : json(nullptr)},
                     {"abs_change", num(r.abs_change)},
                     {"rel_change", num(r.rel_change)},
+                    {"base_ci", r.has_ci ? json::array({r.ci_lo, r.ci_hi}) : json(nullptr)},
                     {"status", !r.in_new     ? "missing_in_new"
                                : !r.in_base  ? "only_in_new"
                                : r.regressed ? "regressed"
@@ -223,6 +244,7 @@ json CompareResult::to_json() const {
           {"matched", matched},
           {"unchanged", unchanged},
           {"within_tolerance", within_tolerance},
+          {"within_ci", within_ci},
           {"regressed", regressed()},
           {"changed", rows}};
 }
@@ -275,6 +297,13 @@ CompareResult compare_runs(const fs::path& base, const fs::path& now, const Tole
       ++r.within_tolerance;
       continue;
     }
+    if (tol.use_ci && base_ci(av.first, &row.ci_lo, &row.ci_hi)) {
+      row.has_ci = true;
+      if (row.ci_lo <= y && y <= row.ci_hi) {
+        ++r.within_ci;
+        continue;
+      }
+    }
     switch (metric_direction(row.metric)) {
       case Direction::kLowerIsBetter:
         row.regressed = !(y < x);
@@ -303,8 +332,9 @@ std::string format_compare_table(const CompareResult& r) {
   std::ostringstream os;
   char buf[512];
   std::snprintf(buf, sizeof(buf),
-                "rows: base %zu, new %zu, matched %zu (identical %zu, within tolerance %zu)\n",
-                r.base_rows, r.new_rows, r.matched, r.unchanged, r.within_tolerance);
+                "rows: base %zu, new %zu, matched %zu (identical %zu, within tolerance %zu, "
+                "inside the base CI %zu)\n",
+                r.base_rows, r.new_rows, r.matched, r.unchanged, r.within_tolerance, r.within_ci);
   os << buf;
   if (r.changed.empty()) {
     os << "no metric changed beyond tolerance\n";

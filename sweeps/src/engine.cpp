@@ -24,11 +24,13 @@
 #include "kvarn/data/tile_file.hpp"
 #include "kvarn/eval/attention.hpp"
 #include "kvarn/eval/metrics.hpp"
+#include "kvarn/eval/position_buckets.hpp"
 #include "kvarn/eval/tile_metrics.hpp"
 #include "kvarn/sweeps/progress.hpp"
 #include "kvarn/sweeps/provenance.hpp"
 #include "kvarn/sweeps/report.hpp"
 #include "kvarn/sweeps/store.hpp"
+#include "kvarn/sweeps/unit_stats.hpp"
 #include "runner_steps.hpp"
 
 #ifndef KVARN_SOURCE_ROOT
@@ -217,6 +219,9 @@ struct DataPart {
   std::map<PoolKey, ReconPool> key, value;
   std::map<PoolKey, AttentionPool> attention;
   std::size_t stored_bytes = 0, fp16_bytes = 0;
+  // Per-(sequence, layer, KV head) sums for the CIs of the pooled rows; attention by bucket.
+  UnitStats units;
+  AttentionBuckets buckets;
   // For the arrays file: per (layer, q head) KL pooled over sequences, per (layer, head) NMSE.
   std::vector<int> layers, heads, q_heads;
 };
@@ -278,7 +283,7 @@ struct CaseRun {
     mopts.breakdown = ms.arrays;
     aopts.topk = ms.topk;
     aopts.outlier_percents = ms.outlier_percents;
-    aopts.per_position = ms.arrays;
+    aopts.per_position = true;  // position buckets need every row; arrays only when asked
     aopts.device = ms.device == "cuda" ? AttentionDevice::kCuda : AttentionDevice::kCpu;
   }
 };
@@ -291,6 +296,13 @@ struct LayerSlab {
   int s = 0, li = 0, model_layer = 0, tokens = 0, group = 1;
   std::optional<H5::Group> glayer;  // its arrays group (none without arrays)
 };
+
+// The bootstrap unit of tile metrics: one (sequence, layer, KV head) slab.
+std::string slab_unit(const LayerSlab& slab, int kv_head) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "s%d/l%d/h%d", slab.s, slab.model_layer, kv_head);
+  return buf;
+}
 
 struct QuantizedHead {
   Matrix k, v;
@@ -317,6 +329,16 @@ void measure_reconstruction(CaseRun& run, DataPart& part, LayerSlab& slab, const
     if (rep.stages && rep.stages->tiles > 0) {
       part.key[pk].add(rep.stages->key, rep.stages->tiles);
       part.value[pk].add(rep.stages->value, rep.stages->tiles);
+    }
+  }
+  const std::string unit = slab_unit(slab, h);
+  for (const auto& [name, m] : {std::pair{"key", &rep.key}, {"value", &rep.value}}) {
+    const std::string scope = name;
+    part.units.add(scope + ".end_to_end.nmse", unit, m->all_tokens.sum_sq_err,
+                   m->all_tokens.sum_sq_ref);
+    if (m->quantized_only.rows > 0) {
+      part.units.add(scope + ".quantized_only.nmse", unit, m->quantized_only.sum_sq_err,
+                     m->quantized_only.sum_sq_ref);
     }
   }
   if (slab.glayer) {
@@ -358,8 +380,9 @@ void write_attention_arrays(H5::Group& glayer, const AttentionReport& rep, std::
 
 // Attention metrics of one KV head. GQA: query head qh reads KV head qh / group; one call per KV
 // head keeps that exact whatever subset of query heads was captured.
-void measure_attention(CaseRun& run, DataPart& part, LayerSlab& slab, int h,
-                       const QuantizedHead& qhead, KlCells& kl_cells, std::set<int>& q_heads_seen) {
+void measure_attention(CaseRun& run, DataPart& part, LayerSlab& slab, const LayerContext& ctx,
+                       int h, const QuantizedHead& qhead, KlCells& kl_cells,
+                       std::set<int>& q_heads_seen) {
   std::vector<Matrix> qs;
   std::vector<int> qh_model;
   for (std::size_t qi = 0; qi < slab.si.q_heads.size(); ++qi) {
@@ -371,6 +394,9 @@ void measure_attention(CaseRun& run, DataPart& part, LayerSlab& slab, int h,
   const AttentionReport rep = attention_metrics(qs, {qhead.k}, {qhead.v}, {qhead.q}, run.aopts);
   part.attention[{kAll, kAll}].add(rep.summary);
   part.attention[{kAll, kAll}].add_outliers(rep);
+  // Every query row reads the final cache of slab.tokens tokens (static evaluation).
+  part.buckets.add(rep, row_distances(*run.method, slab.reader.info().head_dim, slab.tokens, ctx),
+                   slab_unit(slab, h), &part.units);
   for (std::size_t i = 0; i < rep.heads.size(); ++i) {
     const int qh = qh_model[i];
     part.attention[{slab.model_layer, qh}].add(rep.heads[i].summary);
@@ -411,7 +437,7 @@ void measure_layer(CaseRun& run, DataPart& part, LayerSlab& slab, const std::vec
   }
   if (!run.cfg.metrics.attention || !slab.si.has_q) return;
   for (int h : heads)
-    measure_attention(run, part, slab, h, quantized.at(h), kl_cells, q_heads_seen);
+    measure_attention(run, part, slab, ctx, h, quantized.at(h), kl_cells, q_heads_seen);
 }
 
 // Layer x head matrices the report draws as heatmaps (NaN: not measured).
@@ -511,22 +537,26 @@ json tidy_rows(const CaseRun& run, const AccumulationCase& acc) {
                                                     static_cast<double>(part.fp16_bytes))
                             : std::nullopt;
     const json eff = eff_bits ? json(*eff_bits) : json(nullptr);
+    const BootstrapOptions bopts = row_bootstrap_options(run.cfg.seed);
     auto emit = [&](const std::string& scope, const PoolKey& pk,
                     const std::vector<std::pair<std::string, double>>& ms_) {
       for (const auto& [name, value] : ms_) {
         const std::string metric = scope + "." + name;  // e.g. key.end_to_end.nmse
-        rows.push_back({{"case_id", cs.id},
-                        {"method", cs.name},
-                        {"spec", cs.spec},
-                        {"family", cs.family},
-                        {"data", dname},
-                        {"bits_per_element", bits},
-                        {"effective_bits", eff},
-                        {"metric", metric},
-                        {"scope", scope},
-                        {"layer", layer_cell(std::get<0>(pk))},
-                        {"head", layer_cell(std::get<1>(pk))},
-                        {"value", json_number(value)}});
+        json row = {{"case_id", cs.id},
+                    {"method", cs.name},
+                    {"spec", cs.spec},
+                    {"family", cs.family},
+                    {"data", dname},
+                    {"bits_per_element", bits},
+                    {"effective_bits", eff},
+                    {"metric", metric},
+                    {"scope", scope},
+                    {"layer", layer_cell(std::get<0>(pk))},
+                    {"head", layer_cell(std::get<1>(pk))},
+                    {"value", json_number(value)}};
+        // Pooled rows carry the bootstrap CI over (sequence, layer, KV head) units.
+        if (pk == PoolKey{kAll, kAll}) add_ci_columns(part.units.ci(metric, bopts), row);
+        rows.push_back(std::move(row));
       }
     };
     // The storage a slab really took (fp16 sink / tail / windows included), in bits per element.
@@ -535,6 +565,7 @@ json tidy_rows(const CaseRun& run, const AccumulationCase& acc) {
     for (const auto& [pk, pool] : part.value) emit("value", pk, pool.metrics());
     for (const auto& [pk, pool] : part.attention) {
       emit("attention", pk, pool.metrics(run.cfg.metrics.topk));
+      if (pk == PoolKey{kAll, kAll}) emit("attention", pk, part.buckets.metrics());
     }
   }
   for (const json& r : acc.rows) rows.push_back(r);
@@ -607,6 +638,12 @@ json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& ar
     for (json& r : ret.rows) record["rows"].push_back(std::move(r));
     record["retrieval"] = std::move(ret.record);
   }
+  // Per-unit values behind the rows' CIs (paired comparisons in the report use them).
+  json units = json::object();
+  for (std::size_t ti = 0; ti < run.parts.size(); ++ti)
+    units[cfg.data.tiles[ti].name] = run.parts[ti].units.unit_values();
+  record["units"] = std::move(units);
+  record["bootstrap"] = row_bootstrap_json(cfg.seed, kRowBootstrapUnits);
   return record;
 }
 
@@ -656,7 +693,8 @@ void init_run_directory(const SweepConfig& cfg, const SweepOptions& opts, const 
 // Provenance of this invocation, written under its digest (which each case records).
 std::string write_provenance(const SweepConfig& cfg, const SweepOptions& opts,
                              const fs::path& run_dir, const json& capture_prov) {
-  json seeds = {{"config_seed", cfg.seed}};
+  json seeds = {{"config_seed", cfg.seed},
+                {"bootstrap", row_bootstrap_json(cfg.seed, kRowBootstrapUnits)}};
   json prov_extra = {{"command", opts.command},
                      {"config", cfg.config_path.string()},
                      {"sets", cfg.sets},

@@ -54,12 +54,16 @@ void copy_atomically(const fs::path& from, const fs::path& to) {
 
 const std::vector<std::string>& summary_columns() {
   static const std::vector<std::string> cols = {
-      "case_id",        "method", "spec",  "family", "data", "bits_per_element",
-      "effective_bits", "metric", "scope", "layer",  "head", "value"};
+      "case_id",        "method", "spec",    "family", "data", "bits_per_element",
+      "effective_bits", "metric", "scope",   "layer",  "head", "value",
+      "ci_lo",          "ci_hi",  "ci_units"};
   return cols;
 }
 
-bool summary_column_optional(const std::string& column) { return column == "effective_bits"; }
+bool summary_column_optional(const std::string& column) {
+  return column == "effective_bits" || column == "ci_lo" || column == "ci_hi" ||
+         column == "ci_units";
+}
 
 std::string resolved_hash(const json& resolved) { return sha256_hex(resolved.dump()); }
 

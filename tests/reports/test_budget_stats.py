@@ -8,7 +8,7 @@ import numpy as np
 from kvarn_report import budget, figures, load, stats, style, writers
 from kvarn_report.load import MethodKey
 
-from planted import MODEL, PARTS, PLANTED
+from planted import HEADLINE, MODEL, PARTS, PLANTED, UNITS, planted_ci
 
 
 def key(name, fam="kvarn"):
@@ -71,7 +71,7 @@ def test_paired_bootstrap_planted_and_null(check):
 def test_planted_run_matched_budget_sections(check, planted_run):
     run = load.load_run(planted_run)
     secs = {s.title: s for s in budget.sections(run)}
-    check(set(secs) == {"Tiles (all data files)", MODEL}, f"sections {list(secs)}")
+    check(set(secs) == {"Tiles fixture", "Tiles smollm2", MODEL}, f"sections {list(secs)}")
     sec = secs[MODEL]
     check(sec.effective, "the planted run records effective bits")
     pairs = {(p.a.key.method, p.b.key.method): p for p in budget.matched_pairs(sec.points)}
@@ -92,6 +92,27 @@ def test_planted_run_matched_budget_sections(check, planted_run):
     row = t.values[t.methods.index(kv.key)]
     check(row[j] == f"[{kv.ci.lo:.2e}, {kv.ci.hi:.2e}] (n = 20)", f"accumulation table CI cell {row[j]!r}")
     check([c.header for c in t.columns][:2] == ["Eff. bits/el", "Steady bits/el"], "bits columns of the model table")
+
+
+def test_planted_run_tiles_headline_cis_and_significance(check, planted_run):
+    run = load.load_run(planted_run)
+    secs = {s.title: s for s in budget.sections(run)}
+    sec = secs["Tiles fixture"]
+    check(sec.metric == HEADLINE and sec.all_rows_metric == "attention.kl.mean", f"metric {sec.metric}")
+    kv = next(p for p in sec.points if p.key.method == "kvarn_a")
+    lo, hi = planted_ci("kvarn_a")
+    check(kv.ci is not None and math.isclose(kv.ci.lo, lo) and math.isclose(kv.ci.hi, hi) and kv.ci.n == len(UNITS),
+          f"the row's recorded CI is used: {kv.ci}")
+    check(len(kv.prompts) == len(UNITS) and not math.isnan(kv.all_rows), "per-unit values and the all-rows value")
+    pairs = {(p.a.key.method, p.b.key.method): p for p in budget.matched_pairs(sec.points)}
+    check(pairs[("kivi_a", "kvarn_a")].test.verdict == "b lower", "planted unit difference found")
+    check(pairs[("kivi_b", "kvarn_b")].test.verdict == "not significant", "null unit pair not significant")
+    txt = budget.significance_text(sec)
+    check(txt.startswith("Not significant (1 of 2 matched pairs") and "KIVI b vs KVarN b" in txt
+          and "KIVI a" not in txt, f"significance text {txt!r}")
+    md = budget.markdown(run)
+    check(txt in md and "all rows" in md and "slabs" in md, "the report prints the text, all rows and the unit")
+    check(budget.significance_text(budget.Section("t", "m", "l", True, [])) == "", "no pairs: no text")
 
 
 def test_planted_run_without_effective_bits_is_labelled(check, planted_run_steady):
@@ -132,15 +153,35 @@ def test_model_budget_figure_draws_ci_whiskers(check, planted_run, tmp_path, dra
     run = load.load_run(planted_run)
     drawn = drawn_figures
     fig = figures.fig_model_budget(run, style.method_styles(run.methods), str(tmp_path / "figs"))
-    check(fig is not None and fig.panels == [MODEL], f"panels {fig and fig.panels}")
+    check(fig is not None and fig.panels == ["Tiles fixture", "Tiles smollm2", MODEL], f"panels {fig and fig.panels}")
     check("Whiskers are percentile bootstrap 95 %" in fig.caption and f"seed {stats.SEED}" in fig.caption,
           "the caption names the intervals and the seed")
-    ax = drawn[0].axes[0]
+    tiles_ax = drawn[0].axes[0]
+    lo, hi = planted_ci("kvarn_a")
+    tseg = [s_ for c in tiles_ax.collections for s_ in c.get_segments() if math.isclose(s_[0][0], 3.1)]
+    check(tseg and math.isclose(tseg[0][0][1], lo) and math.isclose(tseg[0][1][1], hi),
+          f"tiles panel: KVarN a's whisker {tseg} spans the recorded CI")
+    check(any(line.get_linestyle() == "--" for line in tiles_ax.get_lines()), "the Pareto front is drawn")
+    ax = drawn[0].axes[2]
     # one vertical whisker per compressed method (FP16 is exactly zero and not drawn)
     whiskers = [c for c in ax.collections if c.get_segments()]
     check(len(whiskers) == len(PLANTED) - 1, f"{len(whiskers)} whisker sets")
-    kv = next(p for p in budget.sections(run)[1].points if p.key.method == "kvarn_a")
+    kv = next(p for p in next(s for s in budget.sections(run) if s.title == MODEL).points
+              if p.key.method == "kvarn_a")
     seg = [s_ for c in whiskers for s_ in c.get_segments() if math.isclose(s_[0][0], 3.1)]
     check(seg and math.isclose(seg[0][0][1], kv.ci.lo) and math.isclose(seg[0][1][1], kv.ci.hi),
           f"KVarN a's whisker {seg} spans its CI {kv.ci}")
     check(ax.get_xlabel().startswith("Effective bits"), f"x axis {ax.get_xlabel()!r}")
+
+
+def test_paired_command_on_planted_units(check, planted_run):
+    from kvarn_report import paired
+
+    run = load.load_run(planted_run)
+    out = paired.describe(run, "fixture", HEADLINE, "kivi_a", "kvarn_a")
+    check("over 16 shared units: b lower" in out, f"planted unit difference: {out}")
+    lo, hi = planted_ci("kvarn_a")
+    check(f"[{lo:.4g}, {hi:.4g}] over 16 units" in out, "the recorded CI is printed")
+    null = paired.describe(run, "fixture", HEADLINE, "kivi_b", "kvarn_b")
+    check("not significant" in null, f"null pair: {null}")
+    check(paired.main([planted_run, MODEL, "decode.kl.mean", "kivi_a", "kvarn_a"]) == 0, "the command runs")

@@ -187,7 +187,8 @@ def digest_tree(d):
     return out
 
 
-FIGS = ["stage_errors", "kl_pareto", "context_error", "decode_kl", "kl_heatmaps", "capacity_throughput"]
+FIGS = ["stage_errors", "kl_pareto", "context_error", "decode_kl", "kl_heatmaps", "model_budget",
+        "capacity_throughput"]
 
 
 @pytest.fixture(scope="module")

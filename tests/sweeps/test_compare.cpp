@@ -1,6 +1,7 @@
 // Regression compare: tolerance syntax, family matching, direction, missing rows.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "kvarn/data/error.hpp"
@@ -38,6 +39,24 @@ TEST(Tolerance, ParsesFamiliesAndMatchesByComponentPrefix) {
   EXPECT_THROW(parse_tolerance("nmse"), Error);
 }
 
+// A row carrying a bootstrap CI (summary columns ci_lo, ci_hi, ci_units).
+std::string ci_row(const std::string& metric, double value, double lo, double hi) {
+  json j = json::parse(row(metric, value));
+  j["ci_lo"] = lo;
+  j["ci_hi"] = hi;
+  j["ci_units"] = 16;
+  return j.dump() + "\n";
+}
+
+TEST(Tolerance, CiEntryParses) {
+  EXPECT_FALSE(parse_tolerance("default:rel=1e-6").use_ci);
+  const ToleranceSpec t = parse_tolerance("ci;kl:rel=0.05");
+  EXPECT_TRUE(t.use_ci);
+  EXPECT_DOUBLE_EQ(t.lookup("attention.kl.mean").rel, 0.05);
+  EXPECT_TRUE(parse_tolerance("ci").use_ci);
+  EXPECT_DOUBLE_EQ(parse_tolerance("ci").fallback.rel, 1e-6);
+}
+
 TEST(Tolerance, Directions) {
   EXPECT_EQ(metric_direction("key.end_to_end.nmse"), Direction::kLowerIsBetter);
   EXPECT_EQ(metric_direction("attention.kl.mean"), Direction::kLowerIsBetter);
@@ -48,6 +67,38 @@ TEST(Tolerance, Directions) {
 }
 
 class CompareTest : public TempDirTest {};
+
+TEST_F(CompareTest, CiToleranceFlagsOnlyValuesOutsideTheBaseInterval) {
+  // Base KL 0.10 with CI [0.08, 0.12]: 0.115 is inside (noise), 0.13 is outside (regression),
+  // 0.07 outside on the good side (improvement); a row without a CI keeps the numeric rule.
+  write_file(dir_ / "a" / "summary.jsonl",
+             ci_row("attention.kl.mean", 0.10, 0.08, 0.12) +
+                 ci_row("attention.headline.kl.mean", 0.10, 0.08, 0.12) +
+                 ci_row("attention.js.mean", 0.10, 0.08, 0.12) + row("attention.kl.max", 1.0) +
+                 ci_row("key.end_to_end.nmse", 0.0, 0.0, 0.0));
+  write_file(dir_ / "b" / "summary.jsonl",
+             ci_row("attention.kl.mean", 0.115, 0.09, 0.14) +
+                 ci_row("attention.headline.kl.mean", 0.13, 0.11, 0.15) +
+                 ci_row("attention.js.mean", 0.07, 0.05, 0.09) + row("attention.kl.max", 1.001) +
+                 ci_row("key.end_to_end.nmse", 1e-12, 0.0, 0.0));
+  const CompareResult ci = compare_runs(dir_ / "a", dir_ / "b", parse_tolerance("ci"));
+  EXPECT_EQ(ci.within_ci, 1u);         // kl.mean
+  EXPECT_EQ(ci.within_tolerance, 1u);  // nmse: degenerate CI, change within abs=1e-9
+  std::map<std::string, bool> regressed;
+  for (const CompareRow& c : ci.changed) regressed[c.metric] = c.regressed;
+  ASSERT_EQ(regressed.size(), 3u);
+  EXPECT_TRUE(regressed.at("attention.headline.kl.mean"));
+  EXPECT_FALSE(regressed.at("attention.js.mean"));
+  EXPECT_TRUE(regressed.at("attention.kl.max"));  // no CI: 0.1 % beyond rel=1e-6
+  EXPECT_TRUE(ci.regressed());
+  EXPECT_EQ(ci.to_json()["within_ci"], 1);
+  // Without the ci entry the in-CI change is a regression too.
+  const CompareResult plain = compare_runs(dir_ / "a", dir_ / "b", parse_tolerance(""));
+  EXPECT_EQ(plain.within_ci, 0u);
+  int plain_regressed = 0;
+  for (const CompareRow& c : plain.changed) plain_regressed += c.regressed;
+  EXPECT_EQ(plain_regressed, 3);
+}
 
 TEST_F(CompareTest, RegressionsImprovementsAndMissingRows) {
   write_file(dir_ / "a" / "summary.jsonl",

@@ -39,13 +39,26 @@ TEST_F(StoreTest, SummaryColumnsOrderAndCsvQuoting) {
             "{\"case_id\":\"c000-aa\",\"method\":\"m\",\"spec\":\"kvarn:k=4,v=2,g=128\","
             "\"family\":\"kvarn\",\"data\":\"sample\",\"bits_per_element\":3.375,"
             "\"effective_bits\":5.25,\"metric\":\"key.end_to_end.nmse\",\"scope\":\"key\","
-            "\"layer\":\"all\",\"head\":\"all\",\"value\":0.25}\n");
+            "\"layer\":\"all\",\"head\":\"all\",\"value\":0.25,\"ci_lo\":null,\"ci_hi\":null,"
+            "\"ci_units\":null}\n");
   EXPECT_EQ(
       summary_csv(recs),
       "case_id,method,spec,family,data,bits_per_element,effective_bits,metric,scope,layer,head,"
-      "value\n"
+      "value,ci_lo,ci_hi,ci_units\n"
       "c000-aa,m,\"kvarn:k=4,v=2,g=128\",kvarn,sample,3.375,5.25,key.end_to_end.nmse,key,all,"
-      "all,0.25\n");
+      "all,0.25,null,null,null\n");
+}
+
+// A row with a bootstrap CI fills the three CI columns.
+TEST_F(StoreTest, RowWithCiFillsTheCiColumns) {
+  json rec = record("c000-aa", "fp8");
+  rec["rows"][0]["ci_lo"] = 0.125;
+  rec["rows"][0]["ci_hi"] = 0.5;
+  rec["rows"][0]["ci_units"] = 16;
+  EXPECT_NE(
+      summary_jsonl({rec}).find("\"value\":0.25,\"ci_lo\":0.125,\"ci_hi\":0.5,\"ci_units\":16}"),
+      std::string::npos);
+  EXPECT_NE(summary_csv({rec}).find(",all,0.25,0.125,0.5,16\n"), std::string::npos);
 }
 
 // A record written before rows carried effective bits still summarizes, with the cell null.

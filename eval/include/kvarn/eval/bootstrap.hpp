@@ -47,6 +47,16 @@ struct PairedComparison {
 // the options are out of range.
 BootstrapCi bootstrap_mean_ci(std::span<const double> x, const BootstrapOptions& options = {});
 
+// Percentile bootstrap of a pooled ratio sum(num) / sum(den) over units (e.g. a metric's sum and
+// row count per (sequence, layer, KV head) slab, or NMSE's error and reference energy): each
+// resample draws n units with replacement (the same index streams as bootstrap_mean_ci) and takes
+// the ratio of the drawn sums, so the interval brackets the pooled value a summary row reports.
+// With every den equal it is bootstrap_mean_ci of num / den exactly. Resamples whose drawn den sums
+// to 0 count as the pooled value. Throws kvarn::Error as bootstrap_mean_ci, and when the sizes
+// differ, a den is negative or every den is 0.
+BootstrapCi bootstrap_ratio_ci(std::span<const double> num, std::span<const double> den,
+                               const BootstrapOptions& options = {});
+
 // a and b: the same prompts/positions in the same order (equal sizes, >= 2, finite).
 PairedComparison paired_bootstrap(std::span<const double> a, std::span<const double> b,
                                   const BootstrapOptions& options = {});

@@ -10,6 +10,11 @@
 // neutral metrics (imbalance*, magnitude_share, best_iter*, effective_bits, outlier_k_err_share)
 // regress on any change beyond tolerance. A row present only in the base is a regression, and so
 // is a NaN value on either side (a NaN is never "unchanged").
+//
+// The entry `ci` (e.g. "ci" or "ci;nmse:rel=0.01") adds a statistical test: a row whose base
+// carries a bootstrap CI (ci_lo, ci_hi) is beyond tolerance only when the new value lies outside
+// that interval AND beyond the numeric tolerance (which still absorbs rounding where the interval
+// is degenerate); rows without a CI use the numeric tolerance alone.
 #ifndef KVARN_SWEEPS_COMPARE_HPP_
 #define KVARN_SWEEPS_COMPARE_HPP_
 
@@ -28,6 +33,7 @@ struct Tolerance {
 
 struct ToleranceSpec {
   Tolerance fallback;
+  bool use_ci = false;  // the "ci" entry: rows with a base CI must also leave it
   std::vector<std::pair<std::string, Tolerance>> families;  // prefix -> tolerance
   const Tolerance& lookup(const std::string& metric) const;
 };
@@ -45,10 +51,13 @@ struct CompareRow {
   bool in_base = true, in_new = true;
   bool beyond = false;     // outside tolerance
   bool regressed = false;  // beyond, in the bad direction (or missing from new)
+  bool has_ci = false;     // judged against the base run's CI (ToleranceSpec::use_ci)
+  double ci_lo = 0, ci_hi = 0;
 };
 
 struct CompareResult {
   std::size_t base_rows = 0, new_rows = 0, matched = 0, unchanged = 0, within_tolerance = 0;
+  std::size_t within_ci = 0;        // changed beyond the numeric tolerance but inside the base CI
   std::vector<CompareRow> changed;  // beyond tolerance or present on one side only
   bool regressed() const;
   nlohmann::json to_json() const;
