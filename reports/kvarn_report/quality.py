@@ -266,7 +266,8 @@ def fig_position(run: RunData, styles, out_dir: str) -> Optional[Figure]:
             if not np.isnan(lo).all():
                 ax.fill_between(x, lo, hi, color=st["color"], alpha=0.18, lw=0)
             drawn = True
-        ax.set_yscale("symlog", linthresh=1e-4)
+        positive = all(v > 0 for ln in ax.get_lines() for v in ln.get_ydata())
+        ax.set_yscale("log" if positive and ax.get_lines() else "linear")
         ax.set_xlabel("context position (bucket centre, tokens)")
         ax.set_ylabel("mean KLD vs fp16 (nats / token)")
         ax.set_title(model)
