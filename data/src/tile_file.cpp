@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -15,6 +17,7 @@
 #include "kvarn/data/error.hpp"
 #include "kvarn/data/h5_io.hpp"
 #include "tile_slab.hpp"
+#include "kvarn/data/h5_probe.hpp"
 
 namespace kvarn {
 
@@ -190,6 +193,50 @@ void check_post_rope(const H5::DataSet& ds, int expect, const Where& w) {
   KVARN_CHECK(v == expect, w.str(), ": attribute 'post_rope' = ", v, ", expected ", expect);
 }
 
+// Our files (and h5py's) put the superblock at offset 0; checking the signature first gives a
+// clearer message than HDF5's for text files and the like.
+void check_signature(const std::string& f, const char* head, std::size_t n) {
+  static const char kSig[8] = {'\211', 'H', 'D', 'F', '\r', '\n', '\032', '\n'};
+  KVARN_CHECK(n >= 8 && std::equal(head, head + 8, kSig), f,
+              ": not an HDF5 file (no HDF5 signature at offset 0)");
+}
+
+// Existence, size and signature of a tile file on disk; returns its size.
+std::uintmax_t check_file_start(const fs::path& path) {
+  const std::string f = path.string();
+  std::error_code ec;
+  KVARN_CHECK(fs::exists(path, ec), f, ": no such file");
+  KVARN_CHECK(fs::is_regular_file(path, ec), f, ": not a regular file");
+  const auto size = fs::file_size(path, ec);
+  KVARN_CHECK(!ec, f, ": cannot stat: ", ec.message());
+  KVARN_CHECK(size > 0, f, ": empty file (0 bytes), expected an HDF5 kvarn-tiles file");
+  char head[8] = {};
+  std::ifstream is(path, std::ios::binary);
+  KVARN_CHECK(is.good(), f, ": cannot open for reading");
+  is.read(head, 8);
+  check_signature(f, head, static_cast<std::size_t>(is.gcount()));
+  return size;
+}
+
+std::uintmax_t check_image_start(const std::string& f, const void* data, std::size_t size) {
+  KVARN_CHECK(size > 0, f, ": empty file (0 bytes), expected an HDF5 kvarn-tiles file");
+  check_signature(f, static_cast<const char*>(data), size);
+  return size;
+}
+
+// An in-memory file image through the core driver (no backing store). The name HDF5 gets cannot
+// exist on disk (the core driver refuses to open an image under the name of an existing file)
+// and is new each time (HDF5 would hand back a file still open under the same name).
+H5::H5File open_image(const void* data, std::size_t size) {
+  static std::atomic<unsigned long long> count{0};
+  H5::FileAccPropList fapl;
+  KVARN_CHECK(H5Pset_fapl_core(fapl.getId(), 64 * 1024, false) >= 0 &&
+                  H5Pset_file_image(fapl.getId(), const_cast<void*>(data), size) >= 0,
+              "cannot set up an in-memory HDF5 file image");
+  return H5::H5File("/dev/null/kvarn-tile-image-" + std::to_string(count++), H5F_ACC_RDONLY,
+                    H5::FileCreatPropList::DEFAULT, fapl);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -200,30 +247,35 @@ struct TileReader::Impl {
   std::uintmax_t file_size = 0;
 };
 
-TileReader::TileReader(const fs::path& path) : path_(path) {
+TileReader::TileReader(const fs::path& path) : TileReader(path, std::nullopt, true) {}
+
+TileReader::TileReader(const fs::path& label, const void* image, std::size_t size)
+    : TileReader(label, Image{image, size}, true) {}
+
+TileReader::TileReader(const fs::path& path, std::optional<Image> image, bool probe) : path_(path) {
   h5::silence_errors();
   const std::string f = path.string();
-  std::error_code ec;
-  KVARN_CHECK(fs::exists(path, ec), f, ": no such file");
-  KVARN_CHECK(fs::is_regular_file(path, ec), f, ": not a regular file");
-  const auto size = fs::file_size(path, ec);
-  KVARN_CHECK(!ec, f, ": cannot stat: ", ec.message());
-  KVARN_CHECK(size > 0, f, ": empty file (0 bytes), expected an HDF5 kvarn-tiles file");
-  {
-    // Our files (and h5py's) put the superblock at offset 0; checking the signature first gives a
-    // clearer message than HDF5's for text files and the like.
-    static const char kSig[8] = {'\211', 'H', 'D', 'F', '\r', '\n', '\032', '\n'};
-    char head[8] = {};
-    std::ifstream is(path, std::ios::binary);
-    KVARN_CHECK(is.good(), f, ": cannot open for reading");
-    is.read(head, 8);
-    KVARN_CHECK(is.gcount() == 8 && std::equal(head, head + 8, kSig), f,
-                ": not an HDF5 file (no HDF5 signature at offset 0)");
+  const std::uintmax_t size =
+      image ? check_image_start(f, image->data, image->size) : check_file_start(path);
+  if (probe) {
+    // The same walk as below, first in a child process (libhdf5 crashes and hangs, h5_probe.hpp).
+    if (image) {
+      // One long-lived child for every image (the fuzz target opens millions).
+      static std::mutex mu;
+      static h5::ProbeWorker worker([](const std::string& bytes) {
+        const TileReader walked("image", Image{bytes.data(), bytes.size()}, false);
+      });
+      const std::lock_guard<std::mutex> lock(mu);
+      worker.run(f, "the file structure", image->data, image->size, h5::probe_seconds());
+    } else {
+      h5::probe_file_once(f, "the file structure",
+                          [&] { const TileReader walked(path, std::nullopt, false); });
+    }
   }
   impl_ = std::make_unique<Impl>();
   impl_->file_size = size;
   try {
-    impl_->file.openFile(f, H5F_ACC_RDONLY);
+    impl_->file = image ? open_image(image->data, image->size) : H5::H5File(f, H5F_ACC_RDONLY);
   } catch (const H5::Exception& e) {
     fail(f, ": cannot open as HDF5 (truncated or corrupt file?): ", h5::describe(e));
   }

@@ -42,7 +42,7 @@ Grid parse_grid(const Ctx& c, const YAML::Node& m, const std::string& key) {
   Grid grid;
   grid.family = get_string(c, g["family"], gkey + ".family");
   for (auto it = g.begin(); it != g.end(); ++it) {
-    const std::string k = it->first.as<std::string>();
+    const std::string k = key_text(c, it->first, gkey);
     if (k == "family") continue;
     const std::string akey = gkey + "." + k;
     std::vector<std::string> values;

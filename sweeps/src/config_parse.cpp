@@ -61,10 +61,18 @@ void require_map(const Ctx& c, const YAML::Node& n, const std::string& key) {
   if (!n.IsMap()) c.fail_at(n, key, "expected a mapping, got " + type_name(n));
 }
 
+std::string key_text(const Ctx& c, const YAML::Node& key, const std::string& path) {
+  if (!key.IsScalar()) {
+    c.fail_mark(key.Mark(), path.empty() ? "(top level)" : path,
+                "a key must be a name, got " + type_name(key) + " as a key");
+  }
+  return key.Scalar();
+}
+
 void check_keys(const Ctx& c, const YAML::Node& map, const std::string& path,
                 const std::vector<std::string>& allowed) {
   for (auto it = map.begin(); it != map.end(); ++it) {
-    const std::string k = it->first.as<std::string>();
+    const std::string k = key_text(c, it->first, path);
     if (std::find(allowed.begin(), allowed.end(), k) == allowed.end()) {
       c.fail_mark(it->first.Mark(), join_key(path, k),
                   "unknown key (nearest: " + nearest(k, allowed, 1) + ")");

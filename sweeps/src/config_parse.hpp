@@ -42,6 +42,9 @@ std::string type_name(const YAML::Node& n);
 bool present(const YAML::Node& n);  // defined and not null
 
 void require_map(const Ctx& c, const YAML::Node& n, const std::string& key);
+// The text of a mapping key of the mapping at `path`; a key that is a list or a mapping (YAML's
+// "? " complex keys) is an error at its place.
+std::string key_text(const Ctx& c, const YAML::Node& key, const std::string& path);
 // Unknown keys of `map` (at `path`) against `allowed`, with the nearest valid one.
 void check_keys(const Ctx& c, const YAML::Node& map, const std::string& path,
                 const std::vector<std::string>& allowed);

@@ -89,6 +89,11 @@ def h5_corpus():
     with open(os.path.join(d, "not_hdf5.h5"), "w") as f:
         f.write("format: kvarn-tiles\n")
     open(os.path.join(d, "empty.h5"), "wb").close()
+    # Corrupt global heaps that crash (SIGSEGV) and hang libhdf5 1.10.8 (found by fuzzing).
+    crashes = os.path.join(HERE, "..", "..", "fuzz", "crashes", "tile_reader")
+    shutil.copy(os.path.join(crashes, "hdf5_global_heap_memcpy_overlap.h5"),
+                os.path.join(d, "libhdf5_crash.h5"))
+    shutil.copy(os.path.join(crashes, "hdf5_global_heap_hang.h5"), os.path.join(d, "libhdf5_hang.h5"))
 
 
 def safetensors_bytes(header, data=b""):

@@ -8,6 +8,7 @@
 #define KVARN_DATA_TILE_FILE_HPP_
 
 #include <Eigen/Core>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -86,7 +87,13 @@ TileMatrix decode_slab(const StoredSlab& slab);
 
 class TileReader {
  public:
+  // Opens `path`. The file's structure is first walked in a child process (h5_probe.hpp): a
+  // libhdf5 crash or hang on corrupt metadata becomes one kvarn::Error naming the file. A file
+  // that passed is remembered (path, inode, size, mtime) and not probed again.
   explicit TileReader(const std::filesystem::path& path);
+  // Reads an in-memory copy of a tile file (`size` bytes at `image`, copied), probed the same
+  // way every time; `label` names it in errors.
+  TileReader(const std::filesystem::path& label, const void* image, std::size_t size);
   ~TileReader();
   TileReader(const TileReader&) = delete;
   TileReader& operator=(const TileReader&) = delete;
@@ -108,6 +115,12 @@ class TileReader {
 
  private:
   struct Impl;
+  struct Image {
+    const void* data = nullptr;
+    std::size_t size = 0;
+  };
+  // `image` null: read the file at `path`. `probe`: walk the structure in a child first.
+  TileReader(const std::filesystem::path& path, std::optional<Image> image, bool probe);
   std::filesystem::path path_;
   std::unique_ptr<Impl> impl_;
   TileFileInfo info_;

@@ -1,0 +1,60 @@
+// Isolation of libhdf5 from untrusted files. libhdf5 (1.10.8, Debian 12) crashes or loops on some
+// corrupt metadata (docs/fuzzing.md, "What the runs found in libhdf5"); no check on our side can
+// stop that once the library walks the file. So a reader first walks an untrusted file's
+// structure in a forked child process under a time limit: a child that dies by a signal, exits
+// abnormally or runs out of time becomes one kvarn::Error naming the file, and only a file whose
+// walk survived is opened in this process.
+#ifndef KVARN_DATA_H5_PROBE_HPP_
+#define KVARN_DATA_H5_PROBE_HPP_
+
+#include <cstddef>
+#include <functional>
+#include <string>
+
+namespace kvarn::h5 {
+
+// Time limit of one probe in seconds: KVARN_H5_PROBE_SECONDS when set (> 0), else 60.
+double probe_seconds();
+
+// Runs `walk` in a forked child with a limit of `seconds`. Returns when the child finished
+// (whether `walk` returned or threw: the caller repeats the walk in-process and gets the same
+// result). Throws kvarn::Error "<file>: libhdf5 crashed (...) while reading <what>; the file is
+// corrupt" or "... did not finish reading <what> within N s ..." otherwise. The child's standard
+// error (sanitizer reports, in instrumented builds) is kept for last_probe_report().
+void run_probe(const std::string& file, const std::string& what, const std::function<void()>& walk,
+               double seconds);
+
+// run_probe with probe_seconds(), unless the same file (path, device, inode, size, modification
+// time) already passed in this process.
+void probe_file_once(const std::string& file, const std::string& what,
+                     const std::function<void()>& walk);
+
+// A long-lived probe child for many in-memory inputs: forked on the first run(), it calls `walk`
+// on each input's bytes, sent through a pipe. A child that crashed or ran out of time is replaced
+// on the next run(). Same contract as run_probe, without a fork (and the copy-on-write faults of
+// a fresh child) per input.
+class ProbeWorker {
+ public:
+  explicit ProbeWorker(std::function<void(const std::string& bytes)> walk);
+  ~ProbeWorker();
+  ProbeWorker(const ProbeWorker&) = delete;
+  ProbeWorker& operator=(const ProbeWorker&) = delete;
+
+  void run(const std::string& file, const std::string& what, const void* data, std::size_t size,
+           double seconds);
+
+ private:
+  void start(const std::string& file, const std::string& what);
+  void stop();
+  std::function<void(const std::string&)> walk_;
+  int pid_ = -1;
+  int to_child_ = -1, from_child_ = -1, err_ = -1;
+};
+
+// The standard error of the last child that failed (at most 64 KiB), for the fuzz targets: they
+// tell a crash inside libhdf5 from one in the project's own code.
+const std::string& last_probe_report();
+
+}  // namespace kvarn::h5
+
+#endif  // KVARN_DATA_H5_PROBE_HPP_

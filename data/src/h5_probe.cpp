@@ -1,0 +1,315 @@
+#include "kvarn/data/h5_probe.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "kvarn/data/error.hpp"
+
+// In sanitizer builds libFuzzer registers a death callback that saves the current input as a
+// crash; a probe child that dies must not do that (its death is the expected, handled outcome).
+extern "C" void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__((weak));
+
+namespace kvarn::h5 {
+
+namespace {
+
+constexpr std::size_t kMaxReport = 64 * 1024;
+
+std::string& report_buffer() {
+  static std::string report;
+  return report;
+}
+
+void become_probe_child(int err_fd);
+
+[[noreturn]] void child_main(int err_fd, const std::function<void()>& walk) {
+  become_probe_child(err_fd);
+  try {
+    walk();
+  } catch (...) {
+    // Errors are the parent's to report: it repeats the walk and gets the same one.
+  }
+  ::_exit(0);
+}
+
+// Reads the child's stderr until it closes or `deadline`; false when the deadline passed.
+bool drain_until(int fd, std::chrono::steady_clock::time_point deadline, std::string& out) {
+  char buf[4096];
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 1000)));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) continue;
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return true;  // EOF: the child exited (or closed stderr)
+    if (out.size() < kMaxReport) out.append(buf, static_cast<std::size_t>(n));
+  }
+}
+
+int wait_child(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return status;
+}
+
+std::string seconds_text(double s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+
+// Identity of a file's current content as far as stat() tells; empty when it cannot be stat'ed.
+std::string file_identity(const std::string& file) {
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0) return {};
+  std::ostringstream os;
+  os << file << '\n'
+     << st.st_dev << ':' << st.st_ino << ':' << st.st_size << ':' << st.st_mtim.tv_sec << '.'
+     << st.st_mtim.tv_nsec;
+  return os.str();
+}
+
+// Throws the error for a probe child that did not finish within `seconds` (`finished` false) or
+// ended with `status`; keeps its standard error `err` for last_probe_report().
+[[noreturn]] void report_failure(const std::string& file, const std::string& what, double seconds,
+                                 bool finished, int status, const std::string& err) {
+  report_buffer() = err;
+  if (!finished) {
+    fail(file, ": libhdf5 did not finish reading ", what, " within ", seconds_text(seconds),
+         " s (stopped; a loop in corrupt metadata?): the file is corrupt");
+  }
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    fail(file, ": libhdf5 crashed (signal ", sig, ", ", ::strsignal(sig), ") while reading ", what,
+         ": the file is corrupt");
+  }
+  fail(file, ": libhdf5 failed (the reading process exited with status ", WEXITSTATUS(status),
+       ") while reading ", what, ": the file is corrupt");
+}
+
+// The child side of a probe: stderr to `err_fd`, no core dumps, no libFuzzer crash report.
+void become_probe_child(int err_fd) {
+  if (__sanitizer_set_death_callback != nullptr) __sanitizer_set_death_callback(nullptr);
+  ::dup2(err_fd, STDERR_FILENO);
+  const rlimit no_core{0, 0};
+  ::setrlimit(RLIMIT_CORE, &no_core);
+}
+
+bool read_all(int fd, void* buf, std::size_t n) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const ssize_t r = ::read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
+bool send_all(int fd, const void* buf, std::size_t n) {
+  const auto* p = static_cast<const char*>(buf);
+  while (n > 0) {
+    const ssize_t r = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
+// Appends what `fd` (non-blocking) holds now, up to the report limit.
+void drain_available(int fd, std::string& out) {
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    if (out.size() < kMaxReport) out.append(buf, static_cast<std::size_t>(n));
+  }
+}
+
+}  // namespace
+
+double probe_seconds() {
+  if (const char* env = std::getenv("KVARN_H5_PROBE_SECONDS")) {
+    char* end = nullptr;
+    const double s = std::strtod(env, &end);
+    if (end != env && *end == '\0' && std::isfinite(s) && s > 0) return s;
+  }
+  return 60.0;
+}
+
+const std::string& last_probe_report() { return report_buffer(); }
+
+void run_probe(const std::string& file, const std::string& what, const std::function<void()>& walk,
+               double seconds) {
+  int fds[2];
+  KVARN_CHECK(::pipe(fds) == 0, file, ": cannot start the probe of ", what,
+              ": pipe: ", std::strerror(errno));
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    child_main(fds[1], walk);
+  }
+  const int fork_errno = errno;
+  ::close(fds[1]);
+  if (pid < 0) {
+    ::close(fds[0]);
+    fail(file, ": cannot start the probe of ", what, ": fork: ", std::strerror(fork_errno));
+  }
+  std::string err;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::microseconds(static_cast<long long>(seconds * 1e6));
+  const bool finished = drain_until(fds[0], deadline, err);
+  if (!finished) ::kill(pid, SIGKILL);
+  ::close(fds[0]);
+  const int status = wait_child(pid);
+  if (finished && WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+  report_failure(file, what, seconds, finished, status, err);
+}
+
+void probe_file_once(const std::string& file, const std::string& what,
+                     const std::function<void()>& walk) {
+  static std::mutex mu;
+  static std::set<std::string> passed;
+  const std::string id = file_identity(file);
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    if (!id.empty() && passed.count(id)) return;
+  }
+  run_probe(file, what, walk, probe_seconds());
+  const std::lock_guard<std::mutex> lock(mu);
+  if (!id.empty()) passed.insert(id);
+}
+
+ProbeWorker::ProbeWorker(std::function<void(const std::string&)> walk) : walk_(std::move(walk)) {}
+
+ProbeWorker::~ProbeWorker() { stop(); }
+
+void ProbeWorker::stop() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    wait_child(pid_);
+  }
+  for (int* fd : {&to_child_, &err_}) {
+    if (*fd >= 0) ::close(*fd);
+    *fd = -1;
+  }
+  pid_ = -1;
+}
+
+void ProbeWorker::start(const std::string& file, const std::string& what) {
+  int sv[2], ep[2];
+  KVARN_CHECK(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, file,
+              ": cannot start the probe of ", what, ": socketpair: ", std::strerror(errno));
+  if (::pipe2(ep, O_CLOEXEC) != 0) {
+    const int e = errno;
+    ::close(sv[0]);
+    ::close(sv[1]);
+    fail(file, ": cannot start the probe of ", what, ": pipe: ", std::strerror(e));
+  }
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(sv[0]);
+    ::close(ep[0]);
+    become_probe_child(ep[1]);
+    // One input per request: its size, then its bytes; one byte back once walked.
+    for (std::uint64_t n = 0; read_all(sv[1], &n, sizeof(n));) {
+      std::string bytes(n, '\0');
+      if (!read_all(sv[1], bytes.data(), n)) break;
+      try {
+        walk_(bytes);
+      } catch (...) {
+        // As in run_probe: the parent repeats the walk and reports its error.
+      }
+      const char done = 'k';
+      if (!send_all(sv[1], &done, 1)) break;
+    }
+    ::_exit(0);
+  }
+  const int fork_errno = errno;
+  ::close(sv[1]);
+  ::close(ep[1]);
+  if (pid < 0) {
+    ::close(sv[0]);
+    ::close(ep[0]);
+    fail(file, ": cannot start the probe of ", what, ": fork: ", std::strerror(fork_errno));
+  }
+  ::fcntl(ep[0], F_SETFL, ::fcntl(ep[0], F_GETFL) | O_NONBLOCK);
+  pid_ = pid;
+  to_child_ = sv[0];
+  err_ = ep[0];
+}
+
+void ProbeWorker::run(const std::string& file, const std::string& what, const void* data,
+                      std::size_t size, double seconds) {
+  if (pid_ < 0) start(file, what);
+  const std::uint64_t n = size;
+  const bool sent = send_all(to_child_, &n, sizeof(n)) && send_all(to_child_, data, size);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::microseconds(static_cast<long long>(seconds * 1e6));
+  char reply = 0;
+  bool finished = sent;
+  bool answered = false;
+  while (finished && !answered) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      finished = false;
+      break;
+    }
+    pollfd p{to_child_, POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 1000)));
+    if (r <= 0) continue;
+    const ssize_t got = ::read(to_child_, &reply, 1);
+    if (got < 0 && errno == EINTR) continue;
+    answered = got == 1;
+    if (got == 0 || (got < 0 && errno != EAGAIN)) break;  // the child is gone
+  }
+  std::string err;
+  if (answered) {
+    drain_available(err_, err);  // keep the pipe from filling; nothing to report
+    return;
+  }
+  if (!finished && sent) ::kill(pid_, SIGKILL);
+  const int status = wait_child(pid_);
+  // The report of a crash: what the child wrote before it ended (give a symbolizer a moment).
+  for (int i = 0; i < 20; ++i) {
+    pollfd p{err_, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) break;
+    const std::size_t before = err.size();
+    drain_available(err_, err);
+    if (err.size() == before) break;  // EOF
+  }
+  ::close(to_child_);
+  ::close(err_);
+  to_child_ = err_ = -1;
+  pid_ = -1;
+  report_failure(file, what, seconds, finished || !sent, status, err);
+}
+
+}  // namespace kvarn::h5

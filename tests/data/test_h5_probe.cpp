@@ -1,0 +1,142 @@
+// The libhdf5 isolation (h5_probe.hpp) and the tile reader on untrusted files: the files that
+// crashed (SIGSEGV) and hung libhdf5 1.10.8 end in one kvarn::Error naming the file; the
+// in-memory reader agrees with the file reader.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "kvarn/data/error.hpp"
+#include "kvarn/data/h5_probe.hpp"
+#include "kvarn/data/tile_file.hpp"
+
+namespace kvarn {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path kCrashes = fs::path(KVARN_SOURCE_DIR) / "fuzz" / "crashes" / "tile_reader";
+
+std::string probe_error(const std::function<void()>& walk, double seconds) {
+  try {
+    h5::run_probe("some/file.h5", "the file structure", walk, seconds);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(H5Probe, FinishedWalkReturnsWhetherItThrewOrNot) {
+  EXPECT_EQ(probe_error([] {}, 10), "");
+  EXPECT_EQ(probe_error([] { fail("bad input"); }, 10), "");
+}
+
+TEST(H5Probe, CrashIsOneErrorNamingTheFile) {
+  const std::string e = probe_error([] { std::abort(); }, 10);
+  EXPECT_EQ(e.rfind("some/file.h5: libhdf5 crashed (signal 6", 0), 0u) << e;
+  EXPECT_NE(e.find("while reading the file structure: the file is corrupt"), std::string::npos)
+      << e;
+  const std::string x = probe_error([] { std::_Exit(3); }, 10);
+  EXPECT_EQ(x,
+            "some/file.h5: libhdf5 failed (the reading process exited with status 3) while "
+            "reading the file structure: the file is corrupt");
+}
+
+TEST(H5Probe, HangIsStoppedAtTheLimit) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string e = probe_error(
+      [] {
+        for (;;) ::pause();
+      },
+      0.5);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(e,
+            "some/file.h5: libhdf5 did not finish reading the file structure within 0.5 s "
+            "(stopped; a loop in corrupt metadata?): the file is corrupt");
+  EXPECT_LT(s, 5.0);
+}
+
+// Files found by fuzz_tile_reader: a corrupt global-heap object that made H5HG_read memcpy a wild
+// length (SIGSEGV without sanitizers) and one that made it loop. Before the probe the first
+// crashed the process and the second never returned.
+TEST(TileReaderUntrusted, Libhdf5CrashIsOneError) {
+  const fs::path f = kCrashes / "hdf5_global_heap_memcpy_overlap.h5";
+  try {
+    TileReader r(f);
+    FAIL() << "opened a corrupt file";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind(f.string() + ": libhdf5 ", 0), 0u) << msg;
+    EXPECT_NE(msg.find("the file is corrupt"), std::string::npos) << msg;
+  }
+}
+
+TEST(TileReaderUntrusted, Libhdf5HangIsOneError) {
+  ::setenv("KVARN_H5_PROBE_SECONDS", "3", 1);
+  const fs::path f = kCrashes / "hdf5_global_heap_hang.h5";
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    TileReader r(f);
+    FAIL() << "opened a corrupt file";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              f.string() +
+                  ": libhdf5 did not finish reading the file structure within 3 s "
+                  "(stopped; a loop in corrupt metadata?): the file is corrupt");
+  }
+  ::unsetenv("KVARN_H5_PROBE_SECONDS");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 20.0);
+}
+
+std::vector<char> bytes_of(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+TEST(TileReaderUntrusted, InMemoryImageReadsLikeTheFile) {
+  const fs::path f = fs::path(KVARN_SOURCE_DIR) / "data" / "tiles" / "sample.h5";
+  const std::vector<char> bytes = bytes_of(f);
+  const TileReader disk(f);
+  const TileReader mem("sample-in-memory.h5", bytes.data(), bytes.size());
+  EXPECT_EQ(mem.path(), fs::path("sample-in-memory.h5"));
+  ASSERT_EQ(mem.num_sequences(), disk.num_sequences());
+  EXPECT_EQ(mem.info().layers, disk.info().layers);
+  EXPECT_EQ(mem.info().head_dim, disk.info().head_dim);
+  const int last = disk.num_sequences() - 1;
+  EXPECT_EQ(mem.token_ids(last), disk.token_ids(last));
+  const TileMatrix a = disk.read(last, "k", disk.info().num_captured_layers() - 1, 0);
+  const TileMatrix b = mem.read(last, "k", disk.info().num_captured_layers() - 1, 0);
+  EXPECT_GT(a.cwiseAbs().maxCoeff(), 0.0f);
+  EXPECT_TRUE(a == b);
+}
+
+TEST(TileReaderUntrusted, InMemoryImageErrorsNameTheLabel) {
+  const std::vector<char> bytes = bytes_of(kCrashes / "hdf5_global_heap_memcpy_overlap.h5");
+  try {
+    TileReader r("input.h5", bytes.data(), bytes.size());
+    FAIL() << "opened a corrupt image";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("input.h5: libhdf5 ", 0), 0u) << e.what();
+  }
+  // The probe child that crashed is replaced: a valid image opens again.
+  const std::vector<char> valid =
+      bytes_of(fs::path(KVARN_SOURCE_DIR) / "tests" / "corpus" / "h5" / "valid.h5");
+  EXPECT_EQ(TileReader("valid.h5", valid.data(), valid.size()).num_sequences(), 1);
+  const std::string text = "not hdf5 at all";
+  try {
+    TileReader r("text.h5", text.data(), text.size());
+    FAIL() << "opened text";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "text.h5: not an HDF5 file (no HDF5 signature at offset 0)");
+  }
+}
+
+}  // namespace
+}  // namespace kvarn
