@@ -61,7 +61,7 @@ def fig_passkey(run: RunData, styles, out_dir: str) -> Optional[Figure]:
     im = None
     for ax in axes.flat[n:]:
         ax.axis("off")
-    for ax, (key, block) in zip(axes.flat, methods):
+    for idx, (ax, (key, block)) in enumerate(zip(axes.flat, methods)):
         depths, lengths, acc, text = _grid(block["cells"], "depth", "length")
         im = ax.imshow(acc, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="upper")
         for i in range(len(depths)):
@@ -73,7 +73,9 @@ def fig_passkey(run: RunData, styles, out_dir: str) -> Optional[Figure]:
         ax.set_yticks(range(len(depths)))
         ax.set_yticklabels([f"{d:g}" for d in depths])
         ax.set_xlabel("Prompt length (tokens)")
-        ax.set_ylabel("Needle depth")
+        if idx % ncol == 0:  # one depth label per row of panels
+            ax.set_ylabel("Needle depth")
+        ax.grid(False)
         ax.set_title(key.label, fontsize=9)
     if im is not None:
         fig.colorbar(im, ax=list(axes.flat), shrink=0.8, label="Passkey accuracy")
