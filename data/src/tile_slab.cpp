@@ -39,8 +39,8 @@ bool supported_filters(hid_t dcpl, std::vector<StoredSlab::Filter>* out) {
       return false;
     }
   }
-  return out->size() < 2 || (out->at(0) == StoredSlab::Filter::kShuffle &&
-                             out->at(1) == StoredSlab::Filter::kDeflate);
+  return out->size() < 2 ||
+         (out->at(0) == StoredSlab::Filter::kShuffle && out->at(1) == StoredSlab::Filter::kDeflate);
 }
 
 // The dataset's chunk tokens c when its chunks are [1, 1, c, D] and every chunk, the partial
@@ -84,8 +84,8 @@ bool read_direct_chunks(const H5::DataSet& ds, std::uintmax_t file_size, StoredS
     }
     total += bytes;
     KVARN_CHECK(bytes > 0 && total <= file_size, slab->where, ": [layer ", slab->layer_index,
-                ", head ", slab->head, "]: the ", at, " claims ", bytes, " bytes (",
-                total, " for the slab so far) in a file of ", file_size, " bytes (corrupt file?)");
+                ", head ", slab->head, "]: the ", at, " claims ", bytes, " bytes (", total,
+                " for the slab so far) in a file of ", file_size, " bytes (corrupt file?)");
     const std::size_t begin = slab->bytes.size();
     slab->bytes.resize(begin + bytes);
     std::uint32_t mask = 0;
@@ -103,15 +103,15 @@ namespace {
 // fp16 bits (little endian) to floats, exactly (h5::half_to_float without branches, so that it
 // vectorizes); returns false if any value is Inf or NaN.
 __attribute__((target_clones("avx2", "default"))) bool halfs_to_floats(const std::uint8_t* in,
-                                                                         std::size_t n,
-                                                                         float* out) {
+                                                                       std::size_t n, float* out) {
   std::uint32_t bad = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint32_t h = in[2 * i] | static_cast<std::uint32_t>(in[2 * i + 1]) << 8;
     const std::uint32_t em = h & 0x7fffu;
     bad |= (em + 0x400u) >> 15;  // exponent all ones: Inf or NaN
     // Subnormals (and zero): em * 2^-24, exact in float; normals: rebias the exponent by 112.
-    const auto sub = std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<int>(em)) * 0x1p-24f);
+    const auto sub =
+        std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<int>(em)) * 0x1p-24f);
     const std::uint32_t norm = (em << 13) + 0x38000000u;
     const std::uint32_t is_norm = 0u - static_cast<std::uint32_t>(em >= 0x400u);
     out[i] = std::bit_cast<float>((norm & is_norm) | (sub & ~is_norm) | (h & 0x8000u) << 16);
@@ -182,8 +182,8 @@ const std::uint8_t* unfilter_chunk(const StoredSlab& s, std::size_t i, Inflater*
     next ^= 1;
     if (s.filters[f] == StoredSlab::Filter::kDeflate) {
       KVARN_CHECK(z->inflate_exact(in, len, out, size), s.where, ": [layer ", s.layer_index,
-                  ", head ", s.head, "]: the ", at, " (", len,
-                  " bytes) does not inflate to its ", size, " bytes (corrupt file?)");
+                  ", head ", s.head, "]: the ", at, " (", len, " bytes) does not inflate to its ",
+                  size, " bytes (corrupt file?)");
     } else {
       KVARN_CHECK(len == size, s.where, ": [layer ", s.layer_index, ", head ", s.head, "]: the ",
                   at, " holds ", len, " bytes, expected ", size, " (corrupt file?)");

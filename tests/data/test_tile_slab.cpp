@@ -126,7 +126,10 @@ class TileSlabTest : public ::testing::Test {
   TileMatrix written(int seq, const std::string& ds, int layer, int head) const {
     const SequenceData& s = values_.at(seq);
     const int T = static_cast<int>(s.token_ids.size());
-    const std::vector<float>& all = ds == "k" ? s.k : ds == "v" ? s.v : ds == "q" ? s.q : s.k_pre_rope;
+    const std::vector<float>& all = ds == "k"   ? s.k
+                                    : ds == "v" ? s.v
+                                    : ds == "q" ? s.q
+                                                : s.k_pre_rope;
     const int heads = ds == "q" ? static_cast<int>(s.q_heads.size()) : kH;
     TileMatrix m(T, kD);
     const std::size_t off = (static_cast<std::size_t>(layer) * heads + head) * T * kD;
@@ -134,7 +137,8 @@ class TileSlabTest : public ::testing::Test {
     return m;
   }
 
-  static void expect_error(const std::function<void()>& f, std::initializer_list<std::string> parts) {
+  static void expect_error(const std::function<void()>& f,
+                           std::initializer_list<std::string> parts) {
     try {
       f();
       FAIL() << "no error";
@@ -293,11 +297,11 @@ TEST_F(TileSlabTest, DamagedChunksAreLocatedErrors) {
   write_chunk(p, 0, 1, 512, 0x3u, short_raw);  // unfiltered but too short
   const TileReader r(p);
   expect_error([&] { r.read(0, "k", 1, 0); },
-               {p.string(), "/sequences/000000/k", "[layer 1, head 0]",
-                "stored chunk at token 256", "does not inflate", "corrupt file"});
+               {p.string(), "/sequences/000000/k", "[layer 1, head 0]", "stored chunk at token 256",
+                "does not inflate", "corrupt file"});
   expect_error([&] { r.read(0, "k", 0, 1); },
-               {p.string(), "/sequences/000000/k", "[layer 0, head 1]",
-                "stored chunk at token 512", "holds 100 bytes, expected 8192"});
+               {p.string(), "/sequences/000000/k", "[layer 0, head 1]", "stored chunk at token 512",
+                "holds 100 bytes, expected 8192"});
   EXPECT_NO_THROW(r.read(0, "k", 0, 0));
   expect_error([&] { r.validate_values(); }, {"/sequences/000000/k"});
 }
@@ -344,12 +348,13 @@ TEST_F(TileSlabTest, DecodingOnManyThreadsGivesTheSameFloats) {
     });
   }
   for (auto& t : threads) t.join();
-  for (std::size_t i = 0; i < slabs.size(); ++i) EXPECT_TRUE(same_bits(parallel[i], serial[i])) << i;
+  for (std::size_t i = 0; i < slabs.size(); ++i)
+    EXPECT_TRUE(same_bits(parallel[i], serial[i])) << i;
 }
 
 TEST(TileSlabRealTiles, DirectPathEqualsHdf5OnEveryCommittedTileFile) {
-  for (const char* name : {"sample.h5", "fixture_heldout.h5", "smollm2_sample.h5",
-                           "smollm2_long.h5"}) {
+  for (const char* name :
+       {"sample.h5", "fixture_heldout.h5", "smollm2_sample.h5", "smollm2_long.h5"}) {
     SCOPED_TRACE(name);
     const fs::path p = fs::path(KVARN_SOURCE_DIR) / "data" / "tiles" / name;
     ASSERT_TRUE(fs::exists(p)) << p << " is committed: missing means a broken checkout";

@@ -53,7 +53,8 @@ inline void restore_slab_dataset(const std::filesystem::path& file, const std::s
   for (const auto& [name, v] : attrs) {
     const hsize_t n = v.size();
     H5::DataSpace as = n == 1 ? H5::DataSpace(H5S_SCALAR) : H5::DataSpace(1, &n);
-    out.createAttribute(name, H5::PredType::STD_I64LE, as).write(H5::PredType::NATIVE_INT, v.data());
+    out.createAttribute(name, H5::PredType::STD_I64LE, as)
+        .write(H5::PredType::NATIVE_INT, v.data());
   }
 }
 

@@ -68,12 +68,12 @@ struct StoredSlab {
   enum class Filter : std::uint8_t { kShuffle, kDeflate };
   std::string where;  // "<file>: /sequences/000000/k", for messages
   int layer_index = 0, head = 0, num_tokens = 0, head_dim = 0;
-  int chunk_tokens = 0;          // tokens per stored chunk; 0: `halfs` holds the slab
-  std::vector<Filter> filters;   // the dataset's filter pipeline, in HDF5's order
-  std::vector<std::uint8_t> bytes;          // the stored chunks, back to back
-  std::vector<std::size_t> chunk_end;       // end of chunk i in `bytes`
-  std::vector<std::uint32_t> filter_mask;   // per chunk: bit i set = filter i was skipped
-  std::vector<std::uint16_t> halfs;         // [T, D] fp16 bits, when read through HDF5
+  int chunk_tokens = 0;                    // tokens per stored chunk; 0: `halfs` holds the slab
+  std::vector<Filter> filters;             // the dataset's filter pipeline, in HDF5's order
+  std::vector<std::uint8_t> bytes;         // the stored chunks, back to back
+  std::vector<std::size_t> chunk_end;      // end of chunk i in `bytes`
+  std::vector<std::uint32_t> filter_mask;  // per chunk: bit i set = filter i was skipped
+  std::vector<std::uint16_t> halfs;        // [T, D] fp16 bits, when read through HDF5
 };
 
 // How read_stored reads a slab: direct chunk reads where the storage allows (kAuto), or always
