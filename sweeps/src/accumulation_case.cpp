@@ -19,6 +19,7 @@
 #include "kvarn/runner/accumulation.hpp"
 #include "kvarn/runner/runner.hpp"
 #include "kvarn/sweeps/unit_stats.hpp"
+#include "runner_cache.hpp"
 
 namespace kvarn {
 
@@ -56,7 +57,6 @@ AccumulationOptions options_of(const AccumulationSettings& a, std::size_t prompt
 
 // Models and fp16 references live for the whole process: every case of a sweep reuses them.
 struct Memo {
-  std::map<std::string, Runner> runners;
   std::map<std::string, AccumulationReference> refs;
 };
 Memo& memo() {
@@ -65,15 +65,7 @@ Memo& memo() {
 }
 
 const Runner& runner_for(const AccumulationModel& m, const AccumulationSettings& a) {
-  const std::string key = m.resolved.string() + "|" + a.device + "|" + std::to_string(a.threads);
-  auto it = memo().runners.find(key);
-  if (it == memo().runners.end()) {
-    LoadOptions lo;
-    lo.device = a.device;
-    lo.num_threads = a.threads;
-    it = memo().runners.emplace(key, Runner::open(m.resolved, lo)).first;
-  }
-  return it->second;
+  return shared_runner(m.resolved, a.device, a.threads);
 }
 
 const AccumulationReference& reference_for(const Runner& r, const AccumulationModel& m,

@@ -2,6 +2,8 @@
 // through the method's cache against the fp16 reference log-probs kept in the run directory.
 #include "quality_case.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -11,8 +13,6 @@
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
 #include "kvarn/core/effective_bits.hpp"
 #include "kvarn/core/registry.hpp"
 #include "kvarn/data/error.hpp"
@@ -21,6 +21,7 @@
 #include "kvarn/runner/quality.hpp"
 #include "kvarn/runner/runner.hpp"
 #include "kvarn/sweeps/provenance.hpp"
+#include "runner_cache.hpp"
 
 namespace kvarn {
 
@@ -31,7 +32,6 @@ using nlohmann::json;
 
 // Models and their tokenized text live for the whole process: every case reuses them.
 struct Memo {
-  std::map<std::string, Runner> runners;
   std::map<std::string, std::vector<std::int32_t>> ids;
 };
 Memo& memo() {
@@ -40,15 +40,7 @@ Memo& memo() {
 }
 
 const Runner& runner_for(const QualityModel& m, const QualitySettings& q) {
-  const std::string key = m.resolved.string() + "|" + q.device + "|" + std::to_string(q.threads);
-  auto it = memo().runners.find(key);
-  if (it == memo().runners.end()) {
-    LoadOptions lo;
-    lo.device = q.device;
-    lo.num_threads = q.threads;
-    it = memo().runners.emplace(key, Runner::open(m.resolved, lo)).first;
-  }
-  return it->second;
+  return shared_runner(m.resolved, q.device, q.threads);
 }
 
 // Token ids of a `.jsonl` file: the `token_ids` lists of its records, concatenated (builds
@@ -66,10 +58,10 @@ std::vector<std::int32_t> jsonl_ids(const std::string& text, const QualitySettin
     KVARN_CHECK(j.is_object() && j.contains("token_ids") && j["token_ids"].is_array(), where,
                 ": expected a JSON object with a token_ids list");
     for (const json& t : j["token_ids"]) {
-      KVARN_CHECK(t.is_number_integer() && t.get<long long>() >= 0 &&
-                      t.get<long long>() < m.vocab_size,
-                  where, ": token id ", t.dump(), " is not in [0, ", m.vocab_size, ") (", m.name,
-                  "'s vocabulary)");
+      KVARN_CHECK(
+          t.is_number_integer() && t.get<long long>() >= 0 && t.get<long long>() < m.vocab_size,
+          where, ": token id ", t.dump(), " is not in [0, ", m.vocab_size, ") (", m.name,
+          "'s vocabulary)");
       ids.push_back(static_cast<std::int32_t>(t.get<long long>()));
     }
   }
@@ -93,7 +85,8 @@ QualityOptions options_of(const QualitySettings& q, const QualityModel& m) {
   QualityOptions o;
   o.window = m.window;
   o.block = q.block;
-  o.current_token = q.current_token == "quantized" ? ChunkAttention::kCache : ChunkAttention::kExact;
+  o.current_token =
+      q.current_token == "quantized" ? ChunkAttention::kCache : ChunkAttention::kExact;
   return o;
 }
 
@@ -107,10 +100,10 @@ fs::path cache_dir(const QualitySettings& q) {
 QualityReference reference_for(const Runner& r, const QualityModel& m, const QualitySettings& q,
                                const QualityOptions& o, std::span<const std::int32_t> win,
                                std::size_t i) {
-  const std::string key = sha256_hex(m.fingerprint + "|" + q.text_fingerprint + "|" +
-                                     std::to_string(i) + "|" + std::to_string(o.window) + "|" +
-                                     std::to_string(o.block) + "|" + q.current_token + "|" +
-                                     q.device + "|float32");
+  const std::string key =
+      sha256_hex(m.fingerprint + "|" + q.text_fingerprint + "|" + std::to_string(i) + "|" +
+                 std::to_string(o.window) + "|" + std::to_string(o.block) + "|" + q.current_token +
+                 "|" + q.device + "|float32");
   const fs::path file = cache_dir(q) / "fp16_logprobs" /
                         (m.name + "-w" + std::to_string(i) + "-" + key.substr(0, 16) + ".f32");
   return QualityReference::make(r.model(), win, o, file, key);
@@ -240,8 +233,8 @@ json run_model(const SweepConfig& cfg, const CaseSpec& cs, const Method& method,
     res.push_back(run_quality_window(r.model(), refs.back(), wins[i], method, o));
   }
   const double eff = model_effective_bits(method, m.head_dim, o.window, m.num_layers);
-  const RowContext rc{cs, m.name, method.accounting(m.head_dim).bits_per_element(), eff,
-                      q.current_token, rows};
+  const RowContext rc{cs,  m.name,          method.accounting(m.head_dim).bits_per_element(),
+                      eff, q.current_token, rows};
   json jm = {{"model", m.name},
              {"path", m.path},
              {"window", o.window},
@@ -256,7 +249,8 @@ json run_model(const SweepConfig& cfg, const CaseSpec& cs, const Method& method,
                {"bytes_per_window", wins.empty() ? 0 : ref_bytes / wins.size()},
                {"reused_windows", reused}}},
              {"stats", summarize(res, q, o.window, bo, rc)}};
-  if (per_layer_selected(q, cs)) jm["per_layer"] = per_layer(r, method, m, q, o, wins, refs, bo, rc);
+  if (per_layer_selected(q, cs))
+    jm["per_layer"] = per_layer(r, method, m, q, o, wins, refs, bo, rc);
   jm["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return jm;
 }

@@ -22,6 +22,7 @@
 #include "kvarn/runner/capture.hpp"
 #include "kvarn/runner/retrieval.hpp"
 #include "kvarn/runner/runner.hpp"
+#include "runner_cache.hpp"
 
 namespace kvarn {
 
@@ -36,7 +37,6 @@ struct PasskeyText {
 };
 
 struct Memo {
-  std::map<std::string, Runner> runners;
   std::map<std::string, PasskeyText> passkey_text;
   std::map<std::string, std::string> reference_outputs;    // fp16 answer of one passkey prompt
   std::map<std::string, std::vector<int>> reference_hits;  // fp16 hits of one induction sequence
@@ -47,15 +47,7 @@ Memo& memo() {
 }
 
 const Runner& runner_for(const RetrievalModel& m, const RetrievalSettings& r) {
-  const std::string key = m.resolved.string() + "|" + r.device + "|" + std::to_string(r.threads);
-  auto it = memo().runners.find(key);
-  if (it == memo().runners.end()) {
-    LoadOptions lo;
-    lo.device = r.device;
-    lo.num_threads = r.threads;
-    it = memo().runners.emplace(key, Runner::open(m.resolved, lo)).first;
-  }
-  return it->second;
+  return shared_runner(m.resolved, r.device, r.threads);
 }
 
 // The filler text: a JSONL file's "text" fields joined by blank lines, or the file as it is.
