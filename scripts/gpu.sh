@@ -299,30 +299,35 @@ EOF
   note "cpu vs cuda summaries of that sweep, both directions (rel 1e-9, abs 1e-12): $r"
 }
 
+# `kvarn-eval sweep CONFIG` into $OUT/run within what is left of BUDGET seconds of this script
+# (at least 60). The engine writes the summary only when an invocation ends, so after a timeout a
+# second invocation limited to the finished cases (`--only`: nothing left to compute) writes the
+# summary and the report. Sets rc (the first invocation's exit status), rd (the run directory)
+# and left (the seconds it was given); a non-zero rc fails the suite.
+budgeted_sweep() {  # config budget_s
+  local config=$1 run_dir="$OUT/run" done_ids
+  left=$(($2 - SECONDS))
+  [ $left -lt 60 ] && left=60
+  timeout $left $B/bin/kvarn-eval sweep "$config" --set output="$run_dir" >>"$OUT/sweep.log" 2>&1
+  rc=$?
+  rd=$(ls -d "$run_dir"/*/ 2>/dev/null | head -1)
+  if [ "$rc" = 124 ] && [ -n "$rd" ] && ls "$rd"cases/*.json >/dev/null 2>&1; then
+    done_ids=$(cd "$rd"cases && ls *.json | sed 's/\.json$//' | paste -sd, -)
+    echo "finished cases: $done_ids" >>"$OUT/sweep.log"
+    $B/bin/kvarn-eval sweep "$config" --set output="$run_dir" --only "$done_ids" \
+      >>"$OUT/sweep.log" 2>&1
+  fi
+  [ "$rc" = 0 ] || status=1
+}
+
 suite_accumulation() {
   build kvarn-eval $(runner_targets)
   [ -n "$(runner_targets)" ] || fail "the runner was not configured (python3 cannot import torch)"
   # The CUDA test (fixture model, token ids) and the math tests: no python reference needed.
   run_ctest accumulation strict -L runner -R '^(AccumulationCuda|AccumulationMath)\.'
   # The sweep (accumulation.device: cuda, fixture Qwen3 at 992 tokens, token-id prompts for builds
-  # without a tokenizer) gets what is left of KVARN_ACC_BUDGET_S. The engine writes the summary only
-  # when an invocation ends, so after a timeout a second invocation limited to the finished cases
-  # (`--only`: nothing left to compute) writes the summary and the report.
-  local run_dir="$OUT/run" left rc rd
-  left=$((${KVARN_ACC_BUDGET_S:-330} - SECONDS))
-  [ $left -lt 60 ] && left=60
-  timeout $left $B/bin/kvarn-eval sweep configs/accumulation_gpu.yaml --set output="$run_dir" \
-    >>"$OUT/sweep.log" 2>&1
-  rc=$?
-  rd=$(ls -d "$run_dir"/*/ 2>/dev/null | head -1)
-  if [ "$rc" = 124 ] && [ -n "$rd" ] && ls "$rd"cases/*.json >/dev/null 2>&1; then
-    local done_ids
-    done_ids=$(cd "$rd"cases && ls *.json | sed 's/\.json$//' | paste -sd, -)
-    echo "finished cases: $done_ids" >>"$OUT/sweep.log"
-    $B/bin/kvarn-eval sweep configs/accumulation_gpu.yaml --set output="$run_dir" \
-      --only "$done_ids" >>"$OUT/sweep.log" 2>&1
-  fi
-  [ "$rc" = 0 ] || status=1
+  # without a tokenizer) gets what is left of KVARN_ACC_BUDGET_S.
+  budgeted_sweep configs/accumulation_gpu.yaml ${KVARN_ACC_BUDGET_S:-330}
   note "sweep configs/accumulation_gpu.yaml rc=$rc (124: stopped after ${left}s) -> $rd"
   python3 - "${rd}summary.jsonl" <<'PY'
 import json, sys
@@ -350,14 +355,7 @@ suite_quality() {
   build kvarn-eval $(runner_targets)
   [ -n "$(runner_targets)" ] || fail "the runner was not configured (python3 cannot import torch)"
   run_ctest quality strict -L runner -R '^Quality'
-  local run_dir="$OUT/run" left rc rd
-  left=$((${KVARN_QUALITY_BUDGET_S:-1500} - SECONDS))
-  [ $left -lt 60 ] && left=60
-  timeout $left $B/bin/kvarn-eval sweep configs/quality_gpu.yaml --set output="$run_dir" \
-    >>"$OUT/sweep.log" 2>&1
-  rc=$?
-  rd=$(ls -d "$run_dir"/*/ 2>/dev/null | head -1)
-  [ "$rc" = 0 ] || status=1
+  budgeted_sweep configs/quality_gpu.yaml ${KVARN_QUALITY_BUDGET_S:-1500}
   note "sweep configs/quality_gpu.yaml rc=$rc (124: stopped after ${left}s) -> $rd"
   du -sh "${rd}quality" 2>/dev/null | sed 's/^/fp16 log-probs: /'
   python3 - "${rd}summary.jsonl" <<'PY'
