@@ -9,24 +9,14 @@
 #include "kvarn/data/error.hpp"
 #include "kvarn/data/h5_io.hpp"
 #include "kvarn/data/quantized_file.hpp"
+#include "temp_dir_test.hpp"
 
 namespace kvarn {
 namespace {
 
 namespace fs = std::filesystem;
 
-class QuantizedFileTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("kvarn_qfile_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
-};
+class QuantizedFileTest : public kvarn::testing::TempDirTest {};
 
 QuantizedFileInfo info(bool reconstruction) {
   QuantizedFileInfo i;

@@ -15,6 +15,7 @@
 #include "kvarn/data/error.hpp"
 #include "kvarn/data/h5_io.hpp"
 #include "kvarn/data/tile_file.hpp"
+#include "temp_dir_test.hpp"
 
 namespace kvarn {
 namespace {
@@ -23,16 +24,8 @@ namespace fs = std::filesystem;
 
 constexpr int kL = 2, kH = 2, kD = 16;
 
-class TileFileTest : public ::testing::Test {
+class TileFileTest : public kvarn::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("kvarn_tile_test_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
 
   static TileFileInfo make_info() {
     TileFileInfo info;
@@ -94,7 +87,6 @@ class TileFileTest : public ::testing::Test {
     }
   }
 
-  fs::path dir_;
 };
 
 TEST_F(TileFileTest, HalfConversionRoundTripsEveryFiniteHalf) {

@@ -18,6 +18,7 @@
 #include "kvarn/data/error.hpp"
 #include "kvarn/data/h5_io.hpp"
 #include "kvarn/data/tile_file.hpp"
+#include "temp_dir_test.hpp"
 
 namespace kvarn {
 namespace {
@@ -65,16 +66,8 @@ int expect_paths_agree(const fs::path& path, int expect_direct = -1) {
   return n;
 }
 
-class TileSlabTest : public ::testing::Test {
+class TileSlabTest : public kvarn::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("kvarn_tile_slab_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
 
   // Random fp16 values of mixed magnitude (normals and subnormals, both signs, zeros).
   static std::vector<float> random_halfs(std::size_t n, unsigned seed) {
@@ -148,7 +141,6 @@ class TileSlabTest : public ::testing::Test {
     }
   }
 
-  fs::path dir_;
   std::vector<SequenceData> values_;
 };
 

@@ -12,6 +12,7 @@
 #include "kvarn/runner/runner.hpp"
 #include "kvarn/runner/safetensors.hpp"
 #include "runner_test_util.hpp"
+#include "temp_dir_test.hpp"
 
 namespace kvarn {
 namespace {
@@ -250,18 +251,14 @@ TEST(ModelKv, CaptureHiddenStatesAndCacheContents) {
 }
 
 // A copy of a reference checkpoint in a scratch folder, for corrupting.
-class ModelErrors : public ::testing::Test {
+class ModelErrors : public kvarn::testing::TempDirTest {
  protected:
   void SetUp() override {
     std::string why;
     ref_ = test::reference_dir(&why);
     if (ref_.empty()) GTEST_SKIP() << why;
-    dir_ = fs::temp_directory_path() / ("kvarn_model_err_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
+    TempDirTest::SetUp();
     fs::copy(ref_ / "models/llama3", dir_);
-  }
-  void TearDown() override {
-    if (!dir_.empty()) fs::remove_all(dir_);
   }
   void edit_config(const std::function<void(nlohmann::json&)>& f) {
     auto j = nlohmann::json::parse(test::read_text(dir_ / "config.json"));
@@ -277,7 +274,7 @@ class ModelErrors : public ::testing::Test {
           << "wanted '" << needle << "' in: " << e.what();
     }
   }
-  fs::path ref_, dir_;
+  fs::path ref_;
 };
 
 TEST_F(ModelErrors, UnsupportedArchitecture) {

@@ -17,6 +17,7 @@
 #include "kvarn/eval/position_buckets.hpp"
 #include "cuda_load.hpp"
 #include "runner_test_util.hpp"
+#include "temp_dir_test.hpp"
 
 namespace kvarn {
 namespace {
@@ -113,7 +114,7 @@ TEST(QualityStatistics, PooledStatisticsAndBucketEdges) {
   EXPECT_TRUE(std::isnan(find(one, "kld.mean").lo));
 }
 
-class QualityRun : public ::testing::Test {
+class QualityRun : public kvarn::testing::TempDirTest {
  protected:
   void SetUp() override {
     if (!fs::exists(test::fixture_dir() / "model.safetensors")) {
@@ -122,15 +123,11 @@ class QualityRun : public ::testing::Test {
     LoadOptions lo;
     lo.num_threads = 1;
     model_ = Model::load(test::fixture_dir(), lo);
-    dir_ = fs::temp_directory_path() / ("kvarn_quality_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
+    TempDirTest::SetUp();
     // Deterministic varied token ids within the vocabulary.
     tokens_.resize(kWindow);
     for (int i = 0; i < kWindow; ++i) tokens_[i] = (i * 7919 + 13) % 12000 + 5;
   }
-  void TearDown() override { fs::remove_all(dir_); }
-
   QualityOptions options() const {
     QualityOptions o;
     o.window = kWindow;
@@ -140,7 +137,6 @@ class QualityRun : public ::testing::Test {
 
   static constexpr int kWindow = 300;
   std::unique_ptr<Model> model_;
-  fs::path dir_;
   std::vector<std::int32_t> tokens_;
 };
 

@@ -9,19 +9,15 @@
 #include "kvarn/data/error.hpp"
 #include "kvarn/runner/safetensors.hpp"
 #include "runner_test_util.hpp"
+#include "temp_dir_test.hpp"
 
 namespace kvarn {
 namespace {
 
 namespace fs = std::filesystem;
 
-class SafetensorsCorrupt : public ::testing::Test {
+class SafetensorsCorrupt : public kvarn::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("kvarn_st_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
 
   // Writes [u64 len][header][data] and returns the path.
   fs::path write(const std::string& name, const std::string& header, std::size_t data_bytes,
@@ -46,7 +42,6 @@ class SafetensorsCorrupt : public ::testing::Test {
       EXPECT_NE(msg.find(needle), std::string::npos) << "wanted '" << needle << "' in: " << msg;
     }
   }
-  fs::path dir_;
 };
 
 TEST_F(SafetensorsCorrupt, ValidHandWrittenFile) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kvarn/data/error.hpp"
+#include "temp_dir_test.hpp"
 #include "kvarn/sweeps/config.hpp"
 
 namespace kvarn::testing_util {
@@ -46,18 +47,9 @@ inline std::string config_error(const fs::path& dir, const std::string& yaml,
   return "";
 }
 
-// A per-test scratch directory, removed afterwards.
-class TempDirTest : public ::testing::Test {
+// A per-test scratch directory (removed afterwards) with a small sweep config builder.
+class TempDirTest : public kvarn::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() / ("kvarn_sweeps_" + std::to_string(::getpid()) + "_" +
-                                        info->test_suite_name() + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // A small, fast config: `methods` is the YAML list body (one "  - x" per line).
   fs::path small_config(const std::string& methods, const std::string& extra = "",
                         const std::string& name = "small") {
@@ -68,8 +60,6 @@ class TempDirTest : public ::testing::Test {
                       "\nreport: false\n" + extra);
     return p;
   }
-
-  fs::path dir_;
 };
 
 }  // namespace kvarn::testing_util

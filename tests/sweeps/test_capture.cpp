@@ -18,6 +18,7 @@
 #include "eval_runner/runner_test_util.hpp"
 #include "kvarn/data/tile_file.hpp"
 #include "kvarn/sweeps/provenance.hpp"
+#include "temp_dir_test.hpp"
 
 #ifndef KVARN_EVAL_BIN
 #error "tests/CMakeLists.txt must define KVARN_EVAL_BIN (path of the kvarn-eval binary)"
@@ -43,14 +44,10 @@ bool python_has(const std::string& modules) {
   return std::system(("python3 -c 'import " + modules + "' >/dev/null 2>&1").c_str()) == 0;
 }
 
-class CaptureTest : public ::testing::Test {
+class CaptureTest : public kvarn::testing::TempDirTest {
  protected:
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("kvarn_capture_test_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    TempDirTest::SetUp();
     // Without the runner the subcommand exists but refuses; everything here then skips.
     const RunResult r = run("capture --model x --prompts y --out " + (dir_ / "probe.h5").string());
     if (r.err.find("built without libtorch") != std::string::npos) {
@@ -59,8 +56,6 @@ class CaptureTest : public ::testing::Test {
     ASSERT_TRUE(fs::exists(fixture_dir() / "model.safetensors"))
         << "committed fixture model missing: " << fixture_dir();
   }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // `exe` is a shell prefix (e.g. "python3 'script.py'"); default: the kvarn-eval binary.
   RunResult run(const std::string& args,
                 const std::string& exe = std::string("'") + KVARN_EVAL_BIN + "'") {
@@ -113,7 +108,6 @@ class CaptureTest : public ::testing::Test {
     EXPECT_TRUE(leftovers(dir_).empty()) << args << ": left " << leftovers(dir_).front();
   }
 
-  fs::path dir_;
 };
 
 const char* kTwoPrompts =

@@ -16,6 +16,7 @@
 
 #include "kvarn/data/h5_io.hpp"
 #include "kvarn/data/tile_file.hpp"
+#include "temp_dir_test.hpp"
 
 #ifndef KVARN_EVAL_BIN
 #error "tests/CMakeLists.txt must define KVARN_EVAL_BIN (path of the kvarn-eval binary)"
@@ -38,16 +39,8 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-class CliTest : public ::testing::Test {
+class CliTest : public kvarn::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("kvarn_cli_test_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
 
   RunResult run(const std::string& args) {
     const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
@@ -65,7 +58,6 @@ class CliTest : public ::testing::Test {
 
   static fs::path sample() { return fs::path(KVARN_SOURCE_DIR) / "data" / "tiles" / "sample.h5"; }
 
-  fs::path dir_;
 };
 
 TEST_F(CliTest, MethodsJsonHasExactBytesPerToken) {

@@ -17,6 +17,7 @@
 #include "kvarn/data/tile_file.hpp"
 #include "kvarn/sweeps/provenance.hpp"
 #include "kvarn/sweeps/quantize.hpp"
+#include "temp_dir_test.hpp"
 
 namespace kvarn {
 namespace {
@@ -114,17 +115,8 @@ nlohmann::json reference() {
   return nlohmann::json::parse(in);
 }
 
-class QuantizeFileTest : public ::testing::Test {
+class QuantizeFileTest : public kvarn::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("kvarn_quantize_file_" +
-            std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
 
   fs::path run(const std::string& spec, const fs::path& tiles, bool reconstruction, int threads,
                const std::string& name) {
@@ -138,7 +130,6 @@ class QuantizeFileTest : public ::testing::Test {
     return o.out;
   }
 
-  fs::path dir_;
 };
 
 fs::path source_path(const std::string& rel) { return fs::path(KVARN_SOURCE_DIR) / rel; }
