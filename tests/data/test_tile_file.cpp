@@ -26,7 +26,6 @@ constexpr int kL = 2, kH = 2, kD = 16;
 
 class TileFileTest : public kvarn::testing::TempDirTest {
  protected:
-
   static TileFileInfo make_info() {
     TileFileInfo info;
     info.model = "test-model";
@@ -86,7 +85,6 @@ class TileFileTest : public kvarn::testing::TempDirTest {
       for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << msg;
     }
   }
-
 };
 
 TEST_F(TileFileTest, HalfConversionRoundTripsEveryFiniteHalf) {

@@ -68,7 +68,6 @@ int expect_paths_agree(const fs::path& path, int expect_direct = -1) {
 
 class TileSlabTest : public kvarn::testing::TempDirTest {
  protected:
-
   // Random fp16 values of mixed magnitude (normals and subnormals, both signs, zeros).
   static std::vector<float> random_halfs(std::size_t n, unsigned seed) {
     std::mt19937 rng(seed);

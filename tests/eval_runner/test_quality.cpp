@@ -1,8 +1,6 @@
 // Model-level quality (kvarn/runner/quality.hpp): KLD closed forms, perplexity against an
 // independent float64 computation on the fixture model, fp16 in the loop giving exactly zero,
 // window / bucket bookkeeping at the boundaries and reuse of the cached fp16 log-probs.
-#include "kvarn/runner/quality.hpp"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,10 +10,11 @@
 #include <numeric>
 #include <sstream>
 
+#include "cuda_load.hpp"
 #include "kvarn/core/registry.hpp"
 #include "kvarn/data/error.hpp"
 #include "kvarn/eval/position_buckets.hpp"
-#include "cuda_load.hpp"
+#include "kvarn/runner/quality.hpp"
 #include "runner_test_util.hpp"
 #include "temp_dir_test.hpp"
 
@@ -249,7 +248,8 @@ TEST(QualityCuda, Fp16ExactAndMethodMatchesCpu) {
   QualityOptions o;
   o.window = 300;
   o.block = 16;
-  const fs::path dir = fs::temp_directory_path() / ("kvarn_quality_cuda_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("kvarn_quality_cuda_" + std::to_string(::getpid()));
   const QualityReference rg = QualityReference::make(*gpu, tokens, o, dir / "gpu.f32", "gpu");
   const QualityReference rc = QualityReference::make(*cpu, tokens, o, dir / "cpu.f32", "cpu");
   const QualityWindow f = run_quality_window(*gpu, rg, tokens, *make_method("fp16"), o);

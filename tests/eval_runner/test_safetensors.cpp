@@ -18,7 +18,6 @@ namespace fs = std::filesystem;
 
 class SafetensorsCorrupt : public kvarn::testing::TempDirTest {
  protected:
-
   // Writes [u64 len][header][data] and returns the path.
   fs::path write(const std::string& name, const std::string& header, std::size_t data_bytes,
                  std::uint64_t len_override = 0) {

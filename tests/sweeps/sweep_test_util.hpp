@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "kvarn/data/error.hpp"
-#include "temp_dir_test.hpp"
 #include "kvarn/sweeps/config.hpp"
+#include "temp_dir_test.hpp"
 
 namespace kvarn::testing_util {
 

@@ -107,7 +107,6 @@ class CaptureTest : public kvarn::testing::TempDirTest {
     EXPECT_NE(r.err.find("kvarn-eval: error: "), std::string::npos) << r.err;
     EXPECT_TRUE(leftovers(dir_).empty()) << args << ": left " << leftovers(dir_).front();
   }
-
 };
 
 const char* kTwoPrompts =

@@ -41,7 +41,6 @@ std::string slurp(const fs::path& p) {
 
 class CliTest : public kvarn::testing::TempDirTest {
  protected:
-
   RunResult run(const std::string& args) {
     const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
     const std::string cmd = std::string("'") + KVARN_EVAL_BIN + "' " + args + " >'" + out.string() +
@@ -57,7 +56,6 @@ class CliTest : public kvarn::testing::TempDirTest {
   }
 
   static fs::path sample() { return fs::path(KVARN_SOURCE_DIR) / "data" / "tiles" / "sample.h5"; }
-
 };
 
 TEST_F(CliTest, MethodsJsonHasExactBytesPerToken) {

@@ -117,7 +117,6 @@ nlohmann::json reference() {
 
 class QuantizeFileTest : public kvarn::testing::TempDirTest {
  protected:
-
   fs::path run(const std::string& spec, const fs::path& tiles, bool reconstruction, int threads,
                const std::string& name) {
     QuantizeFileOptions o;
@@ -129,7 +128,6 @@ class QuantizeFileTest : public kvarn::testing::TempDirTest {
     quantize_tile_file(o);
     return o.out;
   }
-
 };
 
 fs::path source_path(const std::string& rel) { return fs::path(KVARN_SOURCE_DIR) / rel; }
