@@ -39,9 +39,9 @@
 //       p'' = p * s_row_v / vmax in fp16.
 //     Codes become fp16 1024 + c 2^(f bits) with the 0x6400 magic exponent and one lop3
 //     (codes_raw, no hfma2): K fragments pair two channel rows (prmt of the two rows' bytes), V
-//     fragments pair two token rows. The 1024 offset is removed per record with sum_d q'' /
-//     sum_t p'' (one mma of the B fragment against a ones A fragment per k-step) and the
-//     2^(f bits) factor of field f folds into kmax / vmax.
+//     fragments pair two token rows. The 1024 offset is removed per record (PV: per chain of at
+//     most 64 tokens) with sum_d q'' / sum_t p'' (one mma of the B fragment against a ones A
+//     fragment per k-step) and the 2^(f bits) factor of field f folds into kmax / vmax.
 //     Token order inside a record (warp w, T = G / W tokens each): M-tile m, row g + 8 e <->
 //     token w T + g T / 8 + 2 m + e, so each lane reads T / 8 consecutive tokens of a channel row
 //     with one load.
