@@ -574,8 +574,9 @@ int main(int argc, char** argv) {
         }
   // Split count at batch 1 (few CTAs, many splits): fixed counts next to the automatic one.
   for (const char* f : {"fp16", "k4v2", "tq4"})
-    for (int ctx : {16384, 32768, 131072})
-      for (int splits : {8, 16, 32, 64}) {
+    for (int ctx : {2048, 4096, 16384, 32768, 131072})
+      for (int splits : {4, 8, 16, 32, 64}) {
+        if (splits > ctx / 128 || (ctx > 4096 && splits < 8)) continue;  // >= 1 block per split
         const DecodeCaseB c{f, 32, 8, 1, ctx, splits};
         reg(std::string("splits/") + f + "/hq32/hkv8/b1/ctx" + std::to_string(ctx) + "/s" +
                 std::to_string(splits),

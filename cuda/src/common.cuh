@@ -82,6 +82,45 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
+// ---- bulk copy engine (sm_90): one instruction copies a whole 16-byte-aligned region into
+// shared memory and completes on an mbarrier (transaction count = bytes) ----
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+// Initialize an mbarrier expecting `count` arrivals; fence so the copy engine sees it.
+__device__ __forceinline__ void mbar_init(std::uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
+               : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival that also announces `bytes` of transactions for the current phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(std::uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+// bytes (multiple of 16; both addresses 16-byte aligned) global -> shared, completing on bar.
+__device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, unsigned bytes,
+                                              std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(smem_addr(smem)),
+      "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+// Waits until the phase of parity `parity` of bar has completed.
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
+  unsigned done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
 // ---- warp-level tensor-core helpers (sm_80+, movmatrix sm_75+) ----
 // d += a * b, m16n8k16, fp16 inputs, fp32 accumulators. Fragment ownership (lane = 4 g + c):
 //   a[0] (row g, k 2c..2c+1)  a[1] (row g+8, k 2c..)  a[2] (row g, k 2c+8..)  a[3] (row g+8, k 2c+8..)

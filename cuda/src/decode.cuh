@@ -15,14 +15,16 @@
 // Workspace: o_part [batch, Hq, S W, D] f32 (normalized by the split's l), lse [batch, Hq, S W]
 //   f32 (log2 domain, -inf for an empty split); W = DecodeTraits::kWarps (warps per CTA).
 //
-// Split kernel: grid (S, Hkv, batch), W warps per CTA: W = 1 (KVarN G 32; no block barriers) or
-// 2 (FP16, FP8, KVarN G >= 64: the two warps share the stages, one barrier per item, and split
-// each record's tokens and each row item's rows in halves). A warp serves the query-head group of its KV head (padded to
-// N = 8 heads: the mma N dimension) and logical blocks [s * ceil(nb / S), (s + 1) * ceil(nb / S))
-// of its sequence.
-// Work items stream through kStages shared-memory stages with cp.async (kStages - 1 ahead):
-//   record item: one whole KVarN record (G tokens), copied verbatim;
-//   row item:    kRowTok fp16 / e4m3 K rows then V rows of a pool block / page (rows padded to
+// Split kernel: grid (S, Hkv, batch), W warps per CTA: W = 1 (KVarN G 32 and 128; no block
+// barriers: the record's per-record work, q'' and the output update, is done once per record) or
+// 2 (FP16, FP8, KVarN G 64: the two warps share the stages, one barrier per item, and split
+// each record's tokens and each row item's rows in halves). A warp serves the query-head group of
+// its KV head (padded to N = 8 heads: the mma N dimension) and logical blocks
+// [s * ceil(nb / S), (s + 1) * ceil(nb / S)) of its sequence.
+// Work items stream through kStages shared-memory stages (kStages - 1 ahead):
+//   record item: one whole KVarN record (G tokens), copied verbatim by one bulk copy
+//                (cp.async.bulk, issued by thread 0) that completes on the stage's mbarrier;
+//   row item:    (cp.async) kRowTok fp16 / e4m3 K rows then V rows of a pool block / page (rows padded to
 //                D * elem + 16 bytes; rows past the sequence are zero-filled); KVarN: 16 rows
 //                per warp, each warp takes its own 16.
 // Per item, on mma.sync m16n8k16 (fp16 in, fp32 accumulate), lane = 4 g + c:
@@ -37,9 +39,9 @@
 //       p'' = p * s_row_v / vmax in fp16.
 //     Codes become fp16 1024 + c 2^(f bits) with the 0x6400 magic exponent and one lop3
 //     (codes_raw, no hfma2): K fragments pair two channel rows (prmt of the two rows' bytes), V
-//     fragments pair two token rows. The 1024 offset is removed per record with sum_d q'' /
-//     sum_t p'' (one mma of the B fragment against a ones A fragment per k-step) and the
-//     2^(f bits) factor of field f folds into kmax / vmax.
+//     fragments pair two token rows. The 1024 offset is removed per record (PV: per chain of at
+//     most 64 tokens) with sum_d q'' / sum_t p'' (one mma of the B fragment against a ones A
+//     fragment per k-step) and the 2^(f bits) factor of field f folds into kmax / vmax.
 //     Token order inside a record (warp w, T = G / W tokens each): M-tile m, row g + 8 e <->
 //     token w T + g T / 8 + 2 m + e, so each lane reads T / 8 consecutive tokens of a channel row
 //     with one load.
@@ -92,7 +94,7 @@ struct DecodeArgs {
 
 // Warps per CTA of the split kernel (see the header comment); host and device use this.
 __host__ __device__ constexpr int decode_warps(KvFormat f, int group) {
-  return f != KvFormat::kKvarn || group >= 64 ? 2 : 1;
+  return f != KvFormat::kKvarn || group == 64 ? 2 : 1;
 }
 
 template <int D, int G, KvFormat F, int KB, int VB>
@@ -130,9 +132,12 @@ struct DecodeTraits {
 // Host-visible row item size of a format and group (the stage is max(record, row item)).
 template <int D, KvFormat F>
 constexpr int row_item_bytes(int group) {
-  return decode_warps(F, group) == 2 ? DecodeTraits<D, 128, F, 8, 8>::kRowItemBytes
+  return decode_warps(F, group) == 2 ? DecodeTraits<D, 64, F, 8, 8>::kRowItemBytes
                                      : DecodeTraits<D, 32, F, 8, 8>::kRowItemBytes;
 }
+static_assert(decode_warps(KvFormat::kKvarn, 64) == 2 && decode_warps(KvFormat::kKvarn, 32) == 1 &&
+                  decode_warps(KvFormat::kFp16, 64) == 2 && decode_warps(KvFormat::kFp8, 64) == 2,
+              "row_item_bytes takes G 64 / G 32 as the 2 / 1-warp representatives");
 
 namespace detail {
 
@@ -219,11 +224,25 @@ __global__ void __launch_bounds__(32 * DecodeTraits<D, G, F, KB, VB>::kWarps,
   using T = DecodeTraits<D, G, F, KB, VB>;
   constexpr int KS = T::kKSteps;
   extern __shared__ __align__(128) unsigned char smem_raw[];
+  static_assert(T::kStages <= 4, "desc + mbarriers fit the 128-byte header");
   int4* desc = reinterpret_cast<int4*>(smem_raw);  // [kStages] {record?, -, -, valid rows}
+  // KVarN records arrive by the bulk copy engine: one mbarrier per stage (bytes 64..95)
+  std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(smem_raw + 64);
   unsigned char* stages = smem_raw + 128;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
   constexpr int kThreads = 32 * T::kWarps;
+  if constexpr (F == KvFormat::kKvarn) {
+    if (tid == 0)
+#pragma unroll
+      for (int i = 0; i < T::kStages; ++i) mbar_init(&bars[i], 1);
+    if constexpr (T::kWarps > 1) {
+      __syncthreads();
+    } else {
+      __syncwarp();
+    }
+  }
+  unsigned bar_phase = 0;  // bit i: parity of the next phase of bars[i] to wait for
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const SplitBlocks range = split_blocks(a.seq_lens, a.block_table, a.max_blocks, G, a.num_splits);
   const int len = range.len, j_begin = range.j_begin, j_end = range.j_end;
@@ -295,10 +314,14 @@ __global__ void __launch_bounds__(32 * DecodeTraits<D, G, F, KB, VB>::kWarps,
     const int n_valid = min(G, len - pj * G);
     int4 d;
     if (F == KvFormat::kKvarn && meta >= 0) {
-      const unsigned char* src =
-          a.records + (static_cast<long long>(meta) * a.num_kv_heads + h) * a.record_bytes;
-      for (int o16 = tid * 16; o16 < a.record_bytes; o16 += kThreads * 16)
-        cp_async16(dst + o16, src + o16);
+      // the whole record in one bulk copy (size and addresses 16-byte aligned: host checks)
+      if (tid == 0) {
+        const unsigned char* src =
+            a.records + (static_cast<long long>(meta) * a.num_kv_heads + h) * a.record_bytes;
+        const unsigned bytes = static_cast<unsigned>(a.record_bytes);
+        mbar_arrive_expect_tx(&bars[stage], bytes);
+        bulk_copy_g2s(dst, src, bytes, &bars[stage]);
+      }
       d = make_int4(1, pj, 0, n_valid);
       ++pj;
     } else {
@@ -437,13 +460,19 @@ __global__ void __launch_bounds__(32 * DecodeTraits<D, G, F, KB, VB>::kWarps,
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int t = 2 * m + (r >> 1), f = t % T::kPackK;
-          const float s = sr[t] * (ka[f] * sc[m][r] + kz[f][r & 1]);
-          sc[m][r] = tok0 + t < n_valid ? s : -INFINITY;
+          sc[m][r] = sr[t] * (ka[f] * sc[m][r] + kz[f][r & 1]);
         }
+      if (n_valid < G) {  // only a sequence's last record is partial: no mask on full ones
+#pragma unroll
+        for (int m = 0; m < T::kMT; ++m)
+#pragma unroll
+          for (int r = 0; r < 4; ++r)
+            if (tok0 + 2 * m + (r >> 1) >= n_valid) sc[m][r] = -INFINITY;
+      }
       float alpha[2];
       detail::online_softmax<T::kMT>(sc, m_run, l_run, alpha);
 
-      // P'' = p * s_row_v / vmax; pz = sum_t p zp_v
+      // P'' = p * s_row_v / vmax (whole record); PV in chains of kPvMT k-steps (64 tokens)
       float sv[T::kTokThr], zv[T::kTokThr];
       detail::load_scales<T::kTokThr>(rec + a.s_row_v + (tb + g * T::kTokThr) * sb, a.fp8_scales,
                                       sv);
@@ -454,84 +483,95 @@ __global__ void __launch_bounds__(32 * DecodeTraits<D, G, F, KB, VB>::kWarps,
 #pragma unroll
       for (int o2 = 4; o2 < 32; o2 <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o2));
       const float vinv = vmax > 0.0f ? 1.0f / vmax : 0.0f;
-      float pz[2] = {0.0f, 0.0f};
       std::uint32_t pb[T::kMT][2];
 #pragma unroll
       for (int m = 0; m < T::kMT; ++m) {
         const float s0 = sv[2 * m] * vinv, s1 = sv[2 * m + 1] * vinv;
-        pz[0] += sc[m][0] * zv[2 * m] + sc[m][2] * zv[2 * m + 1];
-        pz[1] += sc[m][1] * zv[2 * m] + sc[m][3] * zv[2 * m + 1];
         pb[m][0] = movmatrix_trans(pack_half2(sc[m][0] * s0, sc[m][1] * s0));
         pb[m][1] = movmatrix_trans(pack_half2(sc[m][2] * s1, sc[m][3] * s1));
       }
+      // The codes enter the mma as 1024 + c 2^(f VB): each chain's fp32 accumulator is about
+      // 1024 sum_t p'' before the bias comes off, so a chain covers at most 64 tokens (longer
+      // chains lost precision: NMSE 3.5e-4 instead of 4.8e-5 on 40K-token uniform attention).
+      constexpr int kPvMT = T::kMT < 4 ? T::kMT : 4;
 #pragma unroll
-      for (int o2 = 4; o2 < 32; o2 <<= 1) {
-        pz[0] += __shfl_xor_sync(0xffffffffu, pz[0], o2);
-        pz[1] += __shfl_xor_sync(0xffffffffu, pz[1], o2);
-      }
-      float psum[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum_t p'' of heads 2c, 2c + 1
+      for (int m0 = 0; m0 < T::kMT; m0 += kPvMT) {
+        float pz[2] = {0.0f, 0.0f};  // sum_t p zp_v over the chain's tokens
 #pragma unroll
-      for (int m = 0; m < T::kMT; ++m) mma_16816(psum, ones_a, pb[m]);
-      // sum_t p'' code = (acc - 1024 sum_t p'') 2^(-f VB), field f = channel % kPackV
-      float va[T::kPackV], vz[T::kPackV][2];
+        for (int m = m0; m < m0 + kPvMT; ++m) {
+          pz[0] += sc[m][0] * zv[2 * m] + sc[m][2] * zv[2 * m + 1];
+          pz[1] += sc[m][1] * zv[2 * m] + sc[m][3] * zv[2 * m + 1];
+        }
 #pragma unroll
-      for (int f = 0; f < T::kPackV; ++f) {
-        va[f] = vmax * (1.0f / static_cast<float>(1 << (f * VB)));
-        vz[f][0] = pz[0] - va[f] * 1024.0f * psum[0];
-        vz[f][1] = pz[1] - va[f] * 1024.0f * psum[1];
-      }
+        for (int o2 = 4; o2 < 32; o2 <<= 1) {
+          pz[0] += __shfl_xor_sync(0xffffffffu, pz[0], o2);
+          pz[1] += __shfl_xor_sync(0xffffffffu, pz[1], o2);
+        }
+        float psum[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum_t p'' of heads 2c, 2c + 1
+#pragma unroll
+        for (int m = m0; m < m0 + kPvMT; ++m) mma_16816(psum, ones_a, pb[m]);
+        // sum_t p'' code = (acc - 1024 sum_t p'') 2^(-f VB), field f = channel % kPackV
+        float va[T::kPackV], vz[T::kPackV][2];
+#pragma unroll
+        for (int f = 0; f < T::kPackV; ++f) {
+          va[f] = vmax * (1.0f / static_cast<float>(1 << (f * VB)));
+          vz[f][0] = pz[0] - va[f] * 1024.0f * psum[0];
+          vz[f][1] = pz[1] - va[f] * 1024.0f * psum[1];
+        }
 
-      // O^T tile = V codes^T x P'': k-step m pairs token rows t0 = 2c G/8 + 2m and t0 + G/8
-      float co[KS][4];
+        // O^T tile = V codes^T x P'': k-step m pairs token rows t0 = 2c G/8 + 2m and t0 + G/8
+        float co[KS][4];
 #pragma unroll
-      for (int i = 0; i < KS; ++i)
+        for (int i = 0; i < KS; ++i)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) co[i][r] = 0.0f;
-      const unsigned char* vc = rec + a.v_codes + tb * T::kVRow + g * T::kVThr;
+          for (int r = 0; r < 4; ++r) co[i][r] = 0.0f;
+        const unsigned char* vc = rec + a.v_codes + tb * T::kVRow + g * T::kVThr;
 #pragma unroll
-      for (int m = 0; m < T::kMT; ++m) {
-        const int t0 = 2 * c * T::kTokThr + 2 * m, t1 = t0 + T::kTokThr;
-        std::uint32_t u0[(T::kVThr + 3) / 4], u1[(T::kVThr + 3) / 4], u2[(T::kVThr + 3) / 4],
-            u3[(T::kVThr + 3) / 4];
-        lds_bytes<T::kVThr>(vc + t0 * T::kVRow, u0);
-        lds_bytes<T::kVThr>(vc + t1 * T::kVRow, u1);
-        lds_bytes<T::kVThr>(vc + (t0 + 1) * T::kVRow, u2);
-        lds_bytes<T::kVThr>(vc + (t1 + 1) * T::kVRow, u3);
+        for (int m = m0; m < m0 + kPvMT; ++m) {
+          const int t0 = 2 * c * T::kTokThr + 2 * m, t1 = t0 + T::kTokThr;
+          std::uint32_t u0[(T::kVThr + 3) / 4], u1[(T::kVThr + 3) / 4], u2[(T::kVThr + 3) / 4],
+              u3[(T::kVThr + 3) / 4];
+          lds_bytes<T::kVThr>(vc + t0 * T::kVRow, u0);
+          lds_bytes<T::kVThr>(vc + t1 * T::kVRow, u1);
+          lds_bytes<T::kVThr>(vc + (t0 + 1) * T::kVRow, u2);
+          lds_bytes<T::kVThr>(vc + (t1 + 1) * T::kVRow, u3);
 #pragma unroll
-        for (int mt = 0; mt < KS; ++mt) {
-          std::uint32_t af[4];
+          for (int mt = 0; mt < KS; ++mt) {
+            std::uint32_t af[4];
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int i = 2 * mt + e, j = i / T::kPackV;
-            const std::uint32_t x0 = __byte_perm(u0[j / 4], u1[j / 4], detail::pair_sel(j % 4));
-            const std::uint32_t x1 = __byte_perm(u2[j / 4], u3[j / 4], detail::pair_sel(j % 4));
-            if (i % T::kPackV == 0) {
-              af[e] = codes_raw<VB, 0>(x0, magic);
-              af[2 + e] = codes_raw<VB, 0>(x1, magic);
-            } else if (i % T::kPackV == 1) {
-              af[e] = codes_raw<VB, 1>(x0, magic);
-              af[2 + e] = codes_raw<VB, 1>(x1, magic);
-            } else if (i % T::kPackV == 2) {
-              af[e] = codes_raw<VB, 2>(x0, magic);
-              af[2 + e] = codes_raw<VB, 2>(x1, magic);
-            } else {
-              af[e] = codes_raw<VB, 3>(x0, magic);
-              af[2 + e] = codes_raw<VB, 3>(x1, magic);
+            for (int e = 0; e < 2; ++e) {
+              const int i = 2 * mt + e, j = i / T::kPackV;
+              const std::uint32_t x0 = __byte_perm(u0[j / 4], u1[j / 4], detail::pair_sel(j % 4));
+              const std::uint32_t x1 = __byte_perm(u2[j / 4], u3[j / 4], detail::pair_sel(j % 4));
+              if (i % T::kPackV == 0) {
+                af[e] = codes_raw<VB, 0>(x0, magic);
+                af[2 + e] = codes_raw<VB, 0>(x1, magic);
+              } else if (i % T::kPackV == 1) {
+                af[e] = codes_raw<VB, 1>(x0, magic);
+                af[2 + e] = codes_raw<VB, 1>(x1, magic);
+              } else if (i % T::kPackV == 2) {
+                af[e] = codes_raw<VB, 2>(x0, magic);
+                af[2 + e] = codes_raw<VB, 2>(x1, magic);
+              } else {
+                af[e] = codes_raw<VB, 3>(x0, magic);
+                af[2 + e] = codes_raw<VB, 3>(x1, magic);
+              }
             }
+            mma_16816(co[mt], af, pb[m]);
           }
-          mma_16816(co[mt], af, pb[m]);
         }
+        float scv[D / 8];
+        detail::load_scales<D / 8>(rec + a.s_col_v + g * (D / 8) * (a.fp8_scales ? 1 : 2),
+                                   a.fp8_scales, scv);
+#pragma unroll
+        for (int mt = 0; mt < KS; ++mt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int ch = 2 * mt + (r >> 1), f = ch % T::kPackV;  // g D/8: a multiple of kPackV
+            const float x = scv[ch] * (va[f] * co[mt][r] + vz[f][r & 1]);
+            o[mt][r] = m0 == 0 ? o[mt][r] * alpha[r & 1] + x : o[mt][r] + x;
+          }
       }
-      float scv[D / 8];
-      detail::load_scales<D / 8>(rec + a.s_col_v + g * (D / 8) * (a.fp8_scales ? 1 : 2),
-                                 a.fp8_scales, scv);
-#pragma unroll
-      for (int mt = 0; mt < KS; ++mt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int ch = 2 * mt + (r >> 1), f = ch % T::kPackV;  // g D/8 is a multiple of kPackV
-          o[mt][r] = o[mt][r] * alpha[r & 1] + scv[ch] * (va[f] * co[mt][r] + vz[f][r & 1]);
-        }
     }
   };
 
@@ -639,6 +679,8 @@ __global__ void __launch_bounds__(32 * DecodeTraits<D, G, F, KB, VB>::kWarps,
     const int4 d = desc[stage];
     const unsigned char* st = stages + stage * a.stage_bytes;
     if (F == KvFormat::kKvarn && d.x) {
+      mbar_wait(&bars[stage], (bar_phase >> stage) & 1u);
+      bar_phase ^= 1u << stage;
       process_record(st, d.w);
     } else {
       process_rows(st, d.w);

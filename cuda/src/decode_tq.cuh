@@ -11,8 +11,10 @@
 //   room for it); k = 8: s_t = <q, fp8(k_t)> (no rotation). Values are never rotated:
 //   O[h, d] = sum_t p[h, t] (q_td s_t + z_t) = sum_t p''[h, t] q_td + sum_t p[h, t] z_t,
 //   p'' = p * s_t (fp16). The output is not un-rotated.
-// Work item: 16 tokens of one page (16 * slot bytes, copied verbatim with cp.async into one of
-// kStages stages; bytes past the sequence are zero-filled). One warp per CTA, lane = 4 g + c.
+// Work item: 16 tokens of one page (16 * slot bytes, copied verbatim into one of kStages stages:
+// a full item by one bulk copy (cp.async.bulk) completing on the stage's mbarrier, the partial
+// last item of a sequence by cp.async with the bytes past it zero-filled). One warp per CTA,
+// lane = 4 g + c. The output rescale of an item is skipped when no running max grew (alpha = 1).
 //   QK^T: A = centroids [tokens g, g + 8 (M) x channels (k)], B = q'^T, C = S^T. Lane c owns
 //     the channels [c D/4, (c + 1) D/4): k-step s, A/B element e <-> channel c D/4 + 4 s + e
 //     (so a lane reads one 16-bit word of 4-bit indices per k-step and token). Indices become
@@ -128,11 +130,19 @@ __global__ void __launch_bounds__(32, 16) paged_decode_tq_kernel(TqDecodeArgs a)
   constexpr std::uint32_t kOnes = 0x3C003C00u;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   int* desc = reinterpret_cast<int*>(smem_raw);  // [kStages] valid tokens of the item
+  // full items (16 tokens) arrive by one bulk copy completing on the stage's mbarrier
+  static_assert(T::kStages <= 8 && T::kItemBytes % 16 == 0, "tq stage header");
+  std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(smem_raw + 64);
   unsigned char* stages = smem_raw + 128;
 
   const int lane = threadIdx.x, g = lane >> 2, c = lane & 3;
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int P = a.page;
+  if (lane == 0)
+#pragma unroll
+    for (int i = 0; i < T::kStages; ++i) mbar_init(&bars[i], 1);
+  __syncwarp();
+  unsigned bar_phase = 0;  // bit i: parity of the next phase of bars[i] to wait for
   const SplitBlocks range = split_blocks(a.seq_lens, a.block_table, a.max_blocks, P, a.num_splits);
   const int len = range.len, j_begin = range.j_begin, j_end = range.j_end;
   const int* table = range.table;
@@ -199,10 +209,17 @@ __global__ void __launch_bounds__(32, 16) paged_decode_tq_kernel(TqDecodeArgs a)
     const unsigned char* src =
         a.cache + ((static_cast<long long>(phys) * a.num_kv_heads + h) * P + row0) * T::kSlot;
     unsigned char* dst = stages + stage * a.stage_bytes;
-    const int valid = n * T::kSlot;
+    if (n == 16) {  // a full item: contiguous and 16-byte aligned (P is a multiple of 16)
+      if (lane == 0) {
+        mbar_arrive_expect_tx(&bars[stage], T::kItemBytes);
+        bulk_copy_g2s(dst, src, T::kItemBytes, &bars[stage]);
+      }
+    } else {  // the sequence's last, partial item: zero-fill the bytes past it
+      const int valid = n * T::kSlot;
 #pragma unroll 2
-    for (int o16 = lane * 16; o16 < T::kItemBytes; o16 += 32 * 16)
-      cp_async16(dst + o16, src + (o16 < valid ? o16 : 0), o16 < valid);
+      for (int o16 = lane * 16; o16 < T::kItemBytes; o16 += 32 * 16)
+        cp_async16(dst + o16, src + (o16 < valid ? o16 : 0), o16 < valid);
+    }
     if (lane == 0) desc[stage] = n;
     if (row0 + 16 >= n_blk) {
       ++pj;
@@ -269,12 +286,15 @@ __global__ void __launch_bounds__(32, 16) paged_decode_tq_kernel(TqDecodeArgs a)
     float sc2[1][4] = {{sc[0], sc[1], sc[2], sc[3]}};
     float alpha[2];
     detail::online_softmax<1>(sc2, m_run, l_run, alpha);
+    // alpha is exactly 1 unless a running max grew: skip the rescale when no lane's did
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-    for (int mt = 0; mt < KS; ++mt)
+      for (int mt = 0; mt < KS; ++mt)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) o[mt][r] *= alpha[r & 1];
-    pz[0] *= alpha[0];
-    pz[1] *= alpha[1];
+        for (int r = 0; r < 4; ++r) o[mt][r] *= alpha[r & 1];
+      pz[0] *= alpha[0];
+      pz[1] *= alpha[1];
+    }
 
     // ---- P'' = p * s_t; sum_t p z_t ----
     const float2 sz0 = unpack_half2(detail::lds_u16(k0 + T::kKeyBytes + T::kVCodeBytes) |
@@ -336,7 +356,12 @@ __global__ void __launch_bounds__(32, 16) paged_decode_tq_kernel(TqDecodeArgs a)
     if (more()) issue(issued++ % T::kStages);
     cp_async_commit();
     const int stage = it % T::kStages;
-    process(stages + stage * a.stage_bytes, desc[stage]);
+    const int n = desc[stage];
+    if (n == 16) {
+      mbar_wait(&bars[stage], (bar_phase >> stage) & 1u);
+      bar_phase ^= 1u << stage;
+    }
+    process(stages + stage * a.stage_bytes, n);
     __syncwarp();
   }
   cp_async_wait<0>();
