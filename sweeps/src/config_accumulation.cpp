@@ -101,13 +101,7 @@ AccumulationModel load_model(const Ctx& c, const YAML::Node& acc, const YAML::No
                   std::to_string(ck.max_position_embeddings));
   }
   AccumulationModel am;
-  am.path = ck.path;
-  am.resolved = ck.resolved;
-  am.name = ck.name;
-  am.fingerprint = ck.fingerprint;
-  am.head_dim = ck.head_dim;
-  am.num_layers = ck.num_layers;
-  am.vocab_size = ck.vocab_size;
+  static_cast<CheckpointRef&>(am) = ck;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(am.resolved, ec)) {
     if (e.path().extension() == ".safetensors")

@@ -81,13 +81,6 @@ std::string read_bounded(const std::filesystem::path& path, std::int64_t limit,
 // config_checkpoint.cpp: the checkpoint directory at `node` (resolved against the config's
 // folder): config.json present and readable by the runner, tokenizer.json present unless
 // `tokenizer_use` is empty (it says what needs one), the weights' fingerprint and the name.
-struct CheckpointRef {
-  std::string path;                // as written
-  std::filesystem::path resolved;  // the directory
-  std::string name;                // directory name, the `data` of its summary rows
-  std::string fingerprint;         // of model.safetensors (or config.json when sharded)
-  int head_dim = 0, num_layers = 0, vocab_size = 0, max_position_embeddings = 0;
-};
 CheckpointRef read_checkpoint(const Ctx& c, const YAML::Node& node, const std::string& key,
                               const std::filesystem::path& config_path,
                               const std::string& tokenizer_use);

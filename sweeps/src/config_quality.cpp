@@ -47,16 +47,8 @@ QualityModel load_model(const Ctx& c, const YAML::Node& entry, const std::string
 
 QualityModel load_checkpoint(const Ctx& c, const YAML::Node& node, const std::string& key,
                              const fs::path& config_path, int window, QualityModel qm) {
-  const CheckpointRef ck =
+  static_cast<CheckpointRef&>(qm) =
       read_checkpoint(c, node, key, config_path, "quality.text is tokenized");
-  qm.path = ck.path;
-  qm.resolved = ck.resolved;
-  qm.name = ck.name;
-  qm.fingerprint = ck.fingerprint;
-  qm.head_dim = ck.head_dim;
-  qm.num_layers = ck.num_layers;
-  qm.vocab_size = ck.vocab_size;
-  qm.max_position_embeddings = ck.max_position_embeddings;
   // A window past the trained positions would measure the model out of its training.
   qm.window = std::min(window, qm.max_position_embeddings);
   return qm;
