@@ -93,44 +93,20 @@ void read_current_token(const Ctx& c, const YAML::Node& acc, AccumulationSetting
 AccumulationModel load_model(const Ctx& c, const YAML::Node& acc, const YAML::Node& node,
                              const std::string& key, const fs::path& config_path,
                              const AccumulationSettings& a) {
+  const CheckpointRef ck = read_checkpoint(c, node, key, config_path, "prompts are text");
+  if (a.context + a.decode_steps > ck.max_position_embeddings) {
+    c.fail_at(acc["context"].IsDefined() ? acc["context"] : node, "accumulation.context",
+              "context + decode_steps = " + std::to_string(a.context + a.decode_steps) +
+                  " exceeds " + ck.path + "'s max_position_embeddings " +
+                  std::to_string(ck.max_position_embeddings));
+  }
   AccumulationModel am;
-  am.path = get_string(c, node, key);
-  am.resolved = resolve_input_path(am.path, config_path);
+  static_cast<CheckpointRef&>(am) = ck;
   std::error_code ec;
-  if (am.resolved.empty() || !fs::is_regular_file(am.resolved / "config.json", ec)) {
-    c.fail_at(node, key,
-              "not a checkpoint directory (config.json not found): " + am.path +
-                  (am.path.find("smollm2") != std::string::npos
-                       ? " (scripts/prepare_models.sh prepares it)"
-                       : ""));
-  }
-  if (!fs::is_regular_file(am.resolved / "tokenizer.json", ec)) {
-    c.fail_at(node, key, am.path + " has no tokenizer.json (prompts are text)");
-  }
-  try {
-    const CheckpointShape mc = runner_steps().checkpoint_shape(am.resolved / "config.json");
-    am.head_dim = mc.head_dim;
-    am.vocab_size = mc.vocab_size;
-    am.num_layers = mc.num_layers;
-    if (a.context + a.decode_steps > mc.max_position_embeddings) {
-      c.fail_at(acc["context"].IsDefined() ? acc["context"] : node, "accumulation.context",
-                "context + decode_steps = " + std::to_string(a.context + a.decode_steps) +
-                    " exceeds " + am.path + "'s max_position_embeddings " +
-                    std::to_string(mc.max_position_embeddings));
-    }
-  } catch (const Error& e) {
-    c.fail_at(node, key, e.what());
-  }
-  const fs::path weights = fs::is_regular_file(am.resolved / "model.safetensors", ec)
-                               ? am.resolved / "model.safetensors"
-                               : am.resolved / "config.json";
-  am.fingerprint = file_fingerprint(weights);
   for (const auto& e : fs::directory_iterator(am.resolved, ec)) {
     if (e.path().extension() == ".safetensors")
       am.weight_bytes += static_cast<double>(e.file_size(ec));
   }
-  am.name = am.resolved.filename().string();
-  if (am.name.empty()) am.name = am.resolved.parent_path().filename().string();
   return am;
 }
 

@@ -78,6 +78,13 @@ void check_selection(const Ctx& c, const YAML::Node& n, const std::string& key,
 std::string read_bounded(const std::filesystem::path& path, std::int64_t limit,
                          const std::string& what);
 
+// config_checkpoint.cpp: the checkpoint directory at `node` (resolved against the config's
+// folder): config.json present and readable by the runner, tokenizer.json present unless
+// `tokenizer_use` is empty (it says what needs one), the weights' fingerprint and the name.
+CheckpointRef read_checkpoint(const Ctx& c, const YAML::Node& node, const std::string& key,
+                              const std::filesystem::path& config_path,
+                              const std::string& tokenizer_use);
+
 // Section parsers (one file each).
 // config_capture.cpp: `data.capture` / `data.fallback.capture`. Returns false (spec partly
 // filled) when the model is not on disk and reads as a hub id.

@@ -47,32 +47,10 @@ QualityModel load_model(const Ctx& c, const YAML::Node& entry, const std::string
 
 QualityModel load_checkpoint(const Ctx& c, const YAML::Node& node, const std::string& key,
                              const fs::path& config_path, int window, QualityModel qm) {
-  qm.path = get_string(c, node, key);
-  qm.resolved = resolve_input_path(qm.path, config_path);
-  std::error_code ec;
-  if (qm.resolved.empty() || !fs::is_regular_file(qm.resolved / "config.json", ec)) {
-    c.fail_at(node, key, "not a checkpoint directory (config.json not found): " + qm.path);
-  }
-  if (!fs::is_regular_file(qm.resolved / "tokenizer.json", ec)) {
-    c.fail_at(node, key, qm.path + " has no tokenizer.json (quality.text is tokenized)");
-  }
-  try {
-    const CheckpointShape s = runner_steps().checkpoint_shape(qm.resolved / "config.json");
-    qm.head_dim = s.head_dim;
-    qm.num_layers = s.num_layers;
-    qm.vocab_size = s.vocab_size;
-    qm.max_position_embeddings = s.max_position_embeddings;
-  } catch (const Error& e) {
-    c.fail_at(node, key, e.what());
-  }
+  static_cast<CheckpointRef&>(qm) =
+      read_checkpoint(c, node, key, config_path, "quality.text is tokenized");
   // A window past the trained positions would measure the model out of its training.
   qm.window = std::min(window, qm.max_position_embeddings);
-  const fs::path weights = fs::is_regular_file(qm.resolved / "model.safetensors", ec)
-                               ? qm.resolved / "model.safetensors"
-                               : qm.resolved / "config.json";
-  qm.fingerprint = file_fingerprint(weights);
-  qm.name = qm.resolved.filename().string();
-  if (qm.name.empty()) qm.name = qm.resolved.parent_path().filename().string();
   return qm;
 }
 

@@ -40,31 +40,17 @@ std::vector<int> get_int_list(const Ctx& c, const YAML::Node& n, const std::stri
 RetrievalModel load_model(const Ctx& c, const YAML::Node& n, const std::string& key,
                           const fs::path& config_path, bool need_tokenizer) {
   if (!present(n)) c.fail_at(n, key, "missing: a checkpoint directory");
+  const CheckpointRef ck =
+      read_checkpoint(c, n, key, config_path, need_tokenizer ? "the passkey prompt is text" : "");
   RetrievalModel m;
-  m.path = get_string(c, n, key);
-  m.resolved = resolve_input_path(m.path, config_path);
-  std::error_code ec;
-  if (m.resolved.empty() || !fs::is_regular_file(m.resolved / "config.json", ec)) {
-    c.fail_at(n, key, "not a checkpoint directory (config.json not found): " + m.path);
-  }
-  if (need_tokenizer && !fs::is_regular_file(m.resolved / "tokenizer.json", ec)) {
-    c.fail_at(n, key, m.path + " has no tokenizer.json (the passkey prompt is text)");
-  }
-  try {
-    const CheckpointShape s = runner_steps().checkpoint_shape(m.resolved / "config.json");
-    m.head_dim = s.head_dim;
-    m.num_layers = s.num_layers;
-    m.vocab_size = s.vocab_size;
-    m.max_positions = s.max_position_embeddings;
-  } catch (const Error& e) {
-    c.fail_at(n, key, e.what());
-  }
-  const fs::path weights = fs::is_regular_file(m.resolved / "model.safetensors", ec)
-                               ? m.resolved / "model.safetensors"
-                               : m.resolved / "config.json";
-  m.fingerprint = file_fingerprint(weights);
-  m.name = m.resolved.filename().string();
-  if (m.name.empty()) m.name = m.resolved.parent_path().filename().string();
+  m.path = ck.path;
+  m.resolved = ck.resolved;
+  m.name = ck.name;
+  m.fingerprint = ck.fingerprint;
+  m.head_dim = ck.head_dim;
+  m.num_layers = ck.num_layers;
+  m.vocab_size = ck.vocab_size;
+  m.max_positions = ck.max_position_embeddings;
   return m;
 }
 

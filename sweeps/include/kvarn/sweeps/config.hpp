@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kvarn/sweeps/checkpoint_ref.hpp"
 #include "kvarn/sweeps/config_quality.hpp"
 #include "kvarn/sweeps/config_retrieval.hpp"
 
@@ -89,12 +90,7 @@ struct MetricsSelection {
 };
 
 // `accumulation:` (docs/config-schema.md): the model runner with each case's method in the loop.
-struct AccumulationModel {
-  std::string path;                // as written
-  std::filesystem::path resolved;  // checkpoint directory
-  std::string name;                // directory name, the `data` of its summary rows
-  std::string fingerprint;         // of model.safetensors (or config.json when sharded)
-  int head_dim = 0, num_layers = 0, vocab_size = 0;
+struct AccumulationModel : CheckpointRef {
   double weight_bytes = 0;  // safetensors bytes (the estimate's size proxy)
 };
 

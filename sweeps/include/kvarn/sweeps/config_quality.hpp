@@ -8,14 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "kvarn/sweeps/checkpoint_ref.hpp"
+
 namespace kvarn {
 
-struct QualityModel {
-  std::string path;                // as written
-  std::filesystem::path resolved;  // checkpoint directory
-  std::string name;                // directory name, the `data` of its summary rows
-  std::string fingerprint;         // of model.safetensors (or config.json when sharded)
-  int head_dim = 0, num_layers = 0, vocab_size = 0, max_position_embeddings = 0;
+struct QualityModel : CheckpointRef {
   int window = 0;   // its entry's window or quality.window, capped at max_position_embeddings
   int windows = 0;  // its entry's windows or quality.windows (0: all)
 };
