@@ -30,9 +30,12 @@ void probe_file_once(const std::string& file, const std::string& what,
                      const std::function<void()>& walk);
 
 // A long-lived probe child for many in-memory inputs: forked on the first run(), it calls `walk`
-// on each input's bytes, sent through a pipe. A child that crashed or ran out of time is replaced
-// on the next run(). Same contract as run_probe, without a fork (and the copy-on-write faults of
-// a fresh child) per input.
+// on each input's bytes, sent through a socket. A child that crashed or ran out of time is
+// replaced on the next run(), forked by a zygote process that was forked with the first child
+// (while this process was small). Same contract as run_probe, without a fork (and the copy-on-write
+// faults of a fresh child) per input, except that the limit `seconds` is on the child's CPU time
+// for the input (a loop in libhdf5 burns CPU; a child waiting for a busy machine does not), backed
+// by a wall-clock limit of max(seconds, 10 s).
 class ProbeWorker {
  public:
   explicit ProbeWorker(std::function<void(const std::string& bytes)> walk);
@@ -45,10 +48,14 @@ class ProbeWorker {
 
  private:
   void start(const std::string& file, const std::string& what);
+  void start_zygote(const std::string& file, const std::string& what);
+  [[noreturn]] void worker_main(int sock, int err_fd);
+  int reap();  // the wait status of the worker that ended, from the zygote
   void stop();
   std::function<void(const std::string&)> walk_;
   int pid_ = -1;
-  int to_child_ = -1, from_child_ = -1, err_ = -1;
+  int to_child_ = -1, err_ = -1;
+  int zygote_pid_ = -1, zygote_fd_ = -1;
 };
 
 // The standard error of the last child that failed (at most 64 KiB), for the fuzz targets: they
