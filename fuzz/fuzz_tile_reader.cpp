@@ -11,7 +11,6 @@
 #include <sstream>
 
 #include "fuzz_util.hpp"
-#include "h5_free_lists.hpp"
 #include "kvarn/data/h5_probe.hpp"
 #include "kvarn/data/tile_file.hpp"
 
@@ -90,7 +89,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // they would take the whole run).
   static const bool limit_set = (::setenv("KVARN_H5_PROBE_SECONDS", "0.05", 0), true);
   (void)limit_set;
-  kvarn::fuzz::keep_h5_metadata_caches();
 #ifdef KVARN_FUZZ_ASAN
   static const bool symbolizer_started = (start_symbolizer(), true);
   (void)symbolizer_started;

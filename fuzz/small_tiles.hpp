@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "fuzz_util.hpp"
-#include "h5_free_lists.hpp"
 #include "kvarn/data/tile_file.hpp"
 
 namespace kvarn::fuzz {
@@ -19,7 +18,6 @@ namespace kvarn::fuzz {
 // Writes scratch_dir()/small_tiles.h5 once per process; returns its path.
 inline const std::filesystem::path& small_tiles() {
   static const std::filesystem::path path = [] {
-    keep_h5_metadata_caches();  // each input opens the file a few times
     const std::filesystem::path p = scratch_dir() / "small_tiles.h5";
     TileFileInfo info;
     info.model = "fuzz";
