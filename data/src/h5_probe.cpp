@@ -6,7 +6,6 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -157,51 +156,6 @@ void drain_available(int fd, std::string& out) {
   }
 }
 
-// A one-byte message (`byte`) with room for two descriptors (SCM_RIGHTS) in `control`.
-struct FdMessage {
-  char byte = 'f';
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 2)] = {};
-  msghdr msg{};
-  FdMessage() {
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-  }
-  FdMessage(const FdMessage&) = delete;
-  FdMessage& operator=(const FdMessage&) = delete;
-};
-
-// Sends one byte with the two descriptors `fds` attached.
-bool send_fds(int sock, const int (&fds)[2]) {
-  FdMessage m;
-  cmsghdr* c = CMSG_FIRSTHDR(&m.msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int) * 2);
-  std::memcpy(CMSG_DATA(c), fds, sizeof(int) * 2);
-  for (;;) {
-    const ssize_t r = ::sendmsg(sock, &m.msg, MSG_NOSIGNAL);
-    if (r < 0 && errno == EINTR) continue;
-    return r == 1;
-  }
-}
-
-// Receives what send_fds sent; false at end of file or on any other message.
-bool receive_fds(int sock, int (&fds)[2]) {
-  FdMessage m;
-  ssize_t r;
-  while ((r = ::recvmsg(sock, &m.msg, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
-  }
-  const cmsghdr* c = r == 1 ? CMSG_FIRSTHDR(&m.msg) : nullptr;
-  if (c == nullptr || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(sizeof(int) * 2)) {
-    return false;
-  }
-  std::memcpy(fds, CMSG_DATA(c), sizeof(int) * 2);
-  return true;
-}
-
 // CPU time `pid` has used, in seconds; -1 when it cannot be read (the process is gone).
 double cpu_seconds_of(pid_t pid) {
   clockid_t clock;
@@ -266,24 +220,12 @@ void probe_file_once(const std::string& file, const std::string& what,
 
 ProbeWorker::ProbeWorker(std::function<void(const std::string&)> walk) : walk_(std::move(walk)) {}
 
-ProbeWorker::~ProbeWorker() {
-  stop();
-  if (zygote_pid_ > 0) {
-    ::close(zygote_fd_);  // the zygote reads end of file and exits
-    wait_child(zygote_pid_);
-  }
-}
-
-int ProbeWorker::reap() {
-  int status = 0;
-  if (!read_all(zygote_fd_, &status, sizeof(status))) status = SIGKILL;  // the zygote is gone
-  return status;
-}
+ProbeWorker::~ProbeWorker() { stop(); }
 
 void ProbeWorker::stop() {
   if (pid_ > 0) {
     ::kill(pid_, SIGKILL);
-    reap();
+    wait_child(pid_);
   }
   for (int* fd : {&to_child_, &err_}) {
     if (*fd >= 0) ::close(*fd);
@@ -292,64 +234,7 @@ void ProbeWorker::stop() {
   pid_ = -1;
 }
 
-// The zygote: forked once, while this process is still small, it forks each worker on request
-// (the worker's two descriptors arrive with the request), answers its pid, waits for it to end
-// and answers its wait status. Forking a worker from the fuzzer's grown process instead cost
-// milliseconds of page-table copying per replaced worker.
-void ProbeWorker::start_zygote(const std::string& file, const std::string& what) {
-  int cz[2];
-  KVARN_CHECK(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, cz) == 0, file,
-              ": cannot start the probe of ", what, ": socketpair: ", std::strerror(errno));
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(cz[0]);
-    become_probe_child(STDERR_FILENO);
-    for (int fds[2]; receive_fds(cz[1], fds);) {
-      const pid_t worker = ::fork();
-      if (worker == 0) {
-        ::close(cz[1]);
-        worker_main(fds[0], fds[1]);
-      }
-      ::close(fds[0]);
-      ::close(fds[1]);
-      const std::int64_t p = worker;
-      if (!send_all(cz[1], &p, sizeof(p))) break;
-      const int status = worker > 0 ? wait_child(worker) : SIGKILL;
-      if (!send_all(cz[1], &status, sizeof(status))) break;
-    }
-    ::_exit(0);
-  }
-  const int fork_errno = errno;
-  ::close(cz[1]);
-  if (pid < 0) {
-    ::close(cz[0]);
-    fail(file, ": cannot start the probe of ", what, ": fork: ", std::strerror(fork_errno));
-  }
-  zygote_pid_ = pid;
-  zygote_fd_ = cz[0];
-}
-
-// A worker: stderr to `err_fd`; one input per request on `sock` (its size, then its bytes), one
-// byte back once walked.
-void ProbeWorker::worker_main(int sock, int err_fd) {
-  become_probe_child(err_fd);
-  ::close(err_fd);
-  for (std::uint64_t n = 0; read_all(sock, &n, sizeof(n));) {
-    std::string bytes(n, '\0');
-    if (!read_all(sock, bytes.data(), n)) break;
-    try {
-      walk_(bytes);
-    } catch (...) {
-      // As in run_probe: the parent repeats the walk and reports its error.
-    }
-    const char done = 'k';
-    if (!send_all(sock, &done, 1)) break;
-  }
-  ::_exit(0);
-}
-
 void ProbeWorker::start(const std::string& file, const std::string& what) {
-  if (zygote_pid_ < 0) start_zygote(file, what);
   int sv[2], ep[2];
   KVARN_CHECK(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, file,
               ": cannot start the probe of ", what, ": socketpair: ", std::strerror(errno));
@@ -359,26 +244,35 @@ void ProbeWorker::start(const std::string& file, const std::string& what) {
     ::close(sv[1]);
     fail(file, ": cannot start the probe of ", what, ": pipe: ", std::strerror(e));
   }
-  const int give[2] = {sv[1], ep[1]};
-  const bool sent = send_fds(zygote_fd_, give);
-  ::close(sv[1]);
-  ::close(ep[1]);
-  std::int64_t pid = -1;
-  const bool answered = sent && read_all(zygote_fd_, &pid, sizeof(pid));
-  if (!answered || pid <= 0) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
     ::close(sv[0]);
     ::close(ep[0]);
-    if (answered) {
-      reap();
-      fail(file, ": cannot start the probe of ", what, ": fork failed");
+    become_probe_child(ep[1]);
+    // One input per request: its size, then its bytes; one byte back once walked.
+    for (std::uint64_t n = 0; read_all(sv[1], &n, sizeof(n));) {
+      std::string bytes(n, '\0');
+      if (!read_all(sv[1], bytes.data(), n)) break;
+      try {
+        walk_(bytes);
+      } catch (...) {
+        // As in run_probe: the parent repeats the walk and reports its error.
+      }
+      const char done = 'k';
+      if (!send_all(sv[1], &done, 1)) break;
     }
-    ::close(zygote_fd_);  // the zygote is gone: the next start() forks a new one
-    wait_child(zygote_pid_);
-    zygote_fd_ = zygote_pid_ = -1;
-    fail(file, ": cannot start the probe of ", what, ": the process that forks it is gone");
+    ::_exit(0);
+  }
+  const int fork_errno = errno;
+  ::close(sv[1]);
+  ::close(ep[1]);
+  if (pid < 0) {
+    ::close(sv[0]);
+    ::close(ep[0]);
+    fail(file, ": cannot start the probe of ", what, ": fork: ", std::strerror(fork_errno));
   }
   ::fcntl(ep[0], F_SETFL, ::fcntl(ep[0], F_GETFL) | O_NONBLOCK);
-  pid_ = static_cast<pid_t>(pid);
+  pid_ = pid;
   to_child_ = sv[0];
   err_ = ep[0];
 }
@@ -425,7 +319,7 @@ void ProbeWorker::run(const std::string& file, const std::string& what, const vo
     return;
   }
   if (!finished && sent) ::kill(pid_, SIGKILL);
-  const int status = reap();
+  const int status = wait_child(pid_);
   // The report of a crash: what the child wrote before it ended (give a symbolizer a moment).
   for (int i = 0; i < 20; ++i) {
     pollfd p{err_, POLLIN, 0};

@@ -31,8 +31,8 @@ void probe_file_once(const std::string& file, const std::string& what,
 
 // A long-lived probe child for many in-memory inputs: forked on the first run(), it calls `walk`
 // on each input's bytes, sent through a socket. A child that crashed or ran out of time is
-// replaced on the next run(), forked by a zygote process that was forked with the first child
-// (while this process was small). Same contract as run_probe, without a fork (and the copy-on-write
+// replaced on the next run() (forked from this process as it is then, so that its walk takes the
+// path this process's will). Same contract as run_probe, without a fork (and the copy-on-write
 // faults of a fresh child) per input, except that the limit `seconds` is on the child's CPU time
 // for the input (a loop in libhdf5 burns CPU; a child waiting for a busy machine does not), backed
 // by a wall-clock limit of max(seconds, 10 s).
@@ -48,14 +48,10 @@ class ProbeWorker {
 
  private:
   void start(const std::string& file, const std::string& what);
-  void start_zygote(const std::string& file, const std::string& what);
-  [[noreturn]] void worker_main(int sock, int err_fd);
-  int reap();  // the wait status of the worker that ended, from the zygote
   void stop();
   std::function<void(const std::string&)> walk_;
   int pid_ = -1;
   int to_child_ = -1, err_ = -1;
-  int zygote_pid_ = -1, zygote_fd_ = -1;
 };
 
 // The standard error of the last child that failed (at most 64 KiB), for the fuzz targets: they
