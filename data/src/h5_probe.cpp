@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +32,8 @@ namespace kvarn::h5 {
 namespace {
 
 constexpr std::size_t kMaxReport = 64 * 1024;
+// The wall-clock backstop of a ProbeWorker's CPU-time limit, in seconds.
+constexpr double kMinWallSeconds = 10.0;
 
 std::string& report_buffer() {
   static std::string report;
@@ -91,14 +94,15 @@ std::string file_identity(const std::string& file) {
   return os.str();
 }
 
-// Throws the error for a probe child that did not finish within `seconds` (`finished` false) or
+// Throws the error for a probe child that did not finish within `limit` (`finished` false) or
 // ended with `status`; keeps its standard error `err` for last_probe_report().
-[[noreturn]] void report_failure(const std::string& file, const std::string& what, double seconds,
-                                 bool finished, int status, const std::string& err) {
+[[noreturn]] void report_failure(const std::string& file, const std::string& what,
+                                 const std::string& limit, bool finished, int status,
+                                 const std::string& err) {
   report_buffer() = err;
   if (!finished) {
-    fail(file, ": libhdf5 did not finish reading ", what, " within ", seconds_text(seconds),
-         " s (stopped; a loop in corrupt metadata?): the file is corrupt");
+    fail(file, ": libhdf5 did not finish reading ", what, " within ", limit,
+         " (stopped; a loop in corrupt metadata?): the file is corrupt");
   }
   if (WIFSIGNALED(status)) {
     const int sig = WTERMSIG(status);
@@ -152,6 +156,14 @@ void drain_available(int fd, std::string& out) {
   }
 }
 
+// CPU time `pid` has used, in seconds; -1 when it cannot be read (the process is gone).
+double cpu_seconds_of(pid_t pid) {
+  clockid_t clock;
+  timespec ts{};
+  if (::clock_getcpuclockid(pid, &clock) != 0 || ::clock_gettime(clock, &ts) != 0) return -1;
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 }  // namespace
 
 double probe_seconds() {
@@ -189,7 +201,7 @@ void run_probe(const std::string& file, const std::string& what, const std::func
   ::close(fds[0]);
   const int status = wait_child(pid);
   if (finished && WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
-  report_failure(file, what, seconds, finished, status, err);
+  report_failure(file, what, seconds_text(seconds) + " s", finished, status, err);
 }
 
 void probe_file_once(const std::string& file, const std::string& what,
@@ -268,22 +280,33 @@ void ProbeWorker::start(const std::string& file, const std::string& what) {
 void ProbeWorker::run(const std::string& file, const std::string& what, const void* data,
                       std::size_t size, double seconds) {
   if (pid_ < 0) start(file, what);
+  const double cpu_start = cpu_seconds_of(pid_);
   const std::uint64_t n = size;
   const bool sent = send_all(to_child_, &n, sizeof(n)) && send_all(to_child_, data, size);
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::microseconds(static_cast<long long>(seconds * 1e6));
+  // The limit is on the child's CPU time for this input: a loop in libhdf5 burns CPU, a child
+  // waiting for a busy machine does not. A wall-clock limit backs it (a child stuck without
+  // using CPU), at least kMinWallSeconds.
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::microseconds(static_cast<long long>(std::max(seconds, kMinWallSeconds) * 1e6));
+  const int poll_ms = std::clamp(static_cast<int>(seconds * 1000 / 4), 1, 1000);
   char reply = 0;
   bool finished = sent;
   bool answered = false;
+  std::string limit;
   while (finished && !answered) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
+    const double cpu = cpu_seconds_of(pid_);
+    if (cpu_start >= 0 && cpu >= 0 && cpu - cpu_start > seconds) {
+      limit = seconds_text(seconds) + " s of CPU time";
+    } else if (std::chrono::steady_clock::now() >= deadline) {
+      limit = seconds_text(std::max(seconds, kMinWallSeconds)) + " s";
+    }
+    if (!limit.empty()) {
       finished = false;
       break;
     }
     pollfd p{to_child_, POLLIN, 0};
-    const int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 1000)));
+    const int r = ::poll(&p, 1, poll_ms);
     if (r <= 0) continue;
     const ssize_t got = ::read(to_child_, &reply, 1);
     if (got < 0 && errno == EINTR) continue;
@@ -309,7 +332,7 @@ void ProbeWorker::run(const std::string& file, const std::string& what, const vo
   ::close(err_);
   to_child_ = err_ = -1;
   pid_ = -1;
-  report_failure(file, what, seconds, finished || !sent, status, err);
+  report_failure(file, what, limit, finished || !sent, status, err);
 }
 
 }  // namespace kvarn::h5

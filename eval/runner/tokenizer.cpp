@@ -317,12 +317,23 @@ class BpeTokenizer : public Tokenizer {
                 ": not a tokenizer.json (no 'model' object)");
     byte_map_ = byte_to_unicode_table();
     for (int b = 0; b < 256; ++b) unicode_to_byte_[byte_map_[b]] = static_cast<std::uint8_t>(b);
-    load_model(j["model"]);
-    load_added(j);
-    load_normalizer(j.value("normalizer", json()));
-    load_pre_tokenizer(j.value("pre_tokenizer", json()));
-    load_post_processor(j.value("post_processor", json()));
-    load_decoder(j.value("decoder", json()));
+    in_section("model", [&] { load_model(j["model"]); });
+    in_section("added_tokens", [&] { load_added(j); });
+    in_section("normalizer", [&] { load_normalizer(j.value("normalizer", json())); });
+    in_section("pre_tokenizer", [&] { load_pre_tokenizer(j.value("pre_tokenizer", json())); });
+    in_section("post_processor", [&] { load_post_processor(j.value("post_processor", json())); });
+    in_section("decoder", [&] { load_decoder(j.value("decoder", json())); });
+  }
+
+  // Runs one section's loader; a value of the wrong JSON type inside it (a number where a string
+  // belongs, ...) becomes one error naming the file and the section.
+  template <typename Fn>
+  void in_section(const char* key, Fn&& load) {
+    try {
+      load();
+    } catch (const json::exception& e) {
+      fail(file_, ": '", key, "': malformed (", without_tag(e.what()), ")");
+    }
   }
 
   std::vector<std::int32_t> encode(const std::string& text, bool add_special) const override {

@@ -138,5 +138,49 @@ TEST(TileReaderUntrusted, InMemoryImageErrorsNameTheLabel) {
   }
 }
 
+// The long-lived worker of in-memory images: each input's bytes say what the walk does.
+h5::ProbeWorker& scripted_worker() {
+  static h5::ProbeWorker worker([](const std::string& bytes) {
+    if (bytes == "abort") std::abort();
+    if (bytes == "spin") {
+      volatile unsigned long sink = 0;
+      for (;;) sink = sink + 1;
+    }
+    if (bytes == "sleep") ::usleep(600 * 1000);
+  });
+  return worker;
+}
+
+std::string worker_error(const std::string& input, double seconds) {
+  try {
+    scripted_worker().run("image.h5", "the file structure", input.data(), input.size(), seconds);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ProbeWorker, CrashedWorkerIsReplacedEveryTime) {
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(worker_error("ok", 10), "");
+    const std::string e = worker_error("abort", 10);
+    EXPECT_EQ(e.rfind("image.h5: libhdf5 crashed (signal 6", 0), 0u) << e;
+  }
+  EXPECT_EQ(worker_error("ok", 10), "");
+}
+
+// The limit is on the worker's CPU time: a loop is stopped at it, a worker that waits longer
+// than the limit without using CPU (a busy machine) is not.
+TEST(ProbeWorker, LimitIsOnCpuTime) {
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(worker_error("spin", 0.2),
+            "image.h5: libhdf5 did not finish reading the file structure within 0.2 s of CPU "
+            "time (stopped; a loop in corrupt metadata?): the file is corrupt");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 9.0);  // not the wall-clock backstop
+  EXPECT_EQ(worker_error("sleep", 0.2), "");
+  EXPECT_EQ(worker_error("ok", 0.2), "");
+}
+
 }  // namespace
 }  // namespace kvarn

@@ -94,6 +94,18 @@ TEST(Tokenizer, Errors) {
       << R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
              "pre_tokenizer": {"type": "ByteLevel"}, "normalizer": {"type": "NFKC"}})";
   EXPECT_THROW(Tokenizer::load(d / "tokenizer.json"), Error);
+  // A value of the wrong JSON type (found by fuzz_tokenizer_json): one error naming the section.
+  std::ofstream(d / "tokenizer.json")
+      << R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+             "pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": 47}})";
+  try {
+    Tokenizer::load(d / "tokenizer.json");
+    ADD_FAILURE() << "a numeric decoder type accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), (d / "tokenizer.json").string() +
+                                         ": 'decoder': malformed (type must be string, but is "
+                                         "number)");
+  }
   fs::remove_all(d);
 }
 

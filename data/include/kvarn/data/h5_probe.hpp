@@ -30,9 +30,12 @@ void probe_file_once(const std::string& file, const std::string& what,
                      const std::function<void()>& walk);
 
 // A long-lived probe child for many in-memory inputs: forked on the first run(), it calls `walk`
-// on each input's bytes, sent through a pipe. A child that crashed or ran out of time is replaced
-// on the next run(). Same contract as run_probe, without a fork (and the copy-on-write faults of
-// a fresh child) per input.
+// on each input's bytes, sent through a socket. A child that crashed or ran out of time is
+// replaced on the next run() (forked from this process as it is then, so that its walk takes the
+// path this process's will). Same contract as run_probe, without a fork (and the copy-on-write
+// faults of a fresh child) per input, except that the limit `seconds` is on the child's CPU time
+// for the input (a loop in libhdf5 burns CPU; a child waiting for a busy machine does not), backed
+// by a wall-clock limit of max(seconds, 10 s).
 class ProbeWorker {
  public:
   explicit ProbeWorker(std::function<void(const std::string& bytes)> walk);
@@ -48,7 +51,7 @@ class ProbeWorker {
   void stop();
   std::function<void(const std::string&)> walk_;
   int pid_ = -1;
-  int to_child_ = -1, from_child_ = -1, err_ = -1;
+  int to_child_ = -1, err_ = -1;
 };
 
 // The standard error of the last child that failed (at most 64 KiB), for the fuzz targets: they
