@@ -134,29 +134,51 @@ std::string passkey_digits(std::uint64_t seed, int digits) {
   return s;
 }
 
+Haystack build_haystack(const std::vector<std::vector<std::int32_t>>& sentences, int tokens,
+                        std::uint64_t seed) {
+  KVARN_CHECK(tokens >= 0, "haystack: negative length ", tokens);
+  Haystack h;
+  h.boundaries.push_back(0);
+  if (tokens == 0) return h;
+  const bool any = std::any_of(sentences.begin(), sentences.end(),
+                               [](const std::vector<std::int32_t>& s) { return !s.empty(); });
+  KVARN_CHECK(any, "haystack: no filler sentence has tokens");
+  std::mt19937_64 rng(seed);
+  h.tokens.reserve(static_cast<std::size_t>(tokens));
+  while (static_cast<int>(h.tokens.size()) < tokens) {
+    const auto& s = sentences[uniform_below(rng, sentences.size())];
+    if (s.empty()) continue;
+    const std::size_t room = static_cast<std::size_t>(tokens) - h.tokens.size();
+    h.tokens.insert(h.tokens.end(), s.begin(), s.begin() + std::min(room, s.size()));
+    h.boundaries.push_back(static_cast<int>(h.tokens.size()));
+  }
+  return h;  // the last boundary is `tokens`, where the haystack ends
+}
+
 PasskeyPrompt build_passkey_prompt(std::span<const std::int32_t> head,
                                    std::span<const std::int32_t> needle,
                                    std::span<const std::int32_t> tail,
-                                   std::span<const std::int32_t> filler, int length, double depth) {
+                                   const std::vector<std::vector<std::int32_t>>& sentences,
+                                   int length, double depth, std::uint64_t seed) {
   KVARN_CHECK(depth >= 0 && depth <= 1, "passkey prompt: depth ", depth, " not in [0, 1]");
   const int fixed = static_cast<int>(head.size() + needle.size() + tail.size());
   const int F = length - fixed;
   KVARN_CHECK(F >= 0, "passkey prompt: length ", length, " is shorter than the ", fixed,
               " tokens of head, needle and question");
-  KVARN_CHECK(F == 0 || !filler.empty(), "passkey prompt: empty filler");
-  const int k = static_cast<int>(std::lround(depth * F));
+  const Haystack hay = build_haystack(sentences, F, seed);
+  const double target = depth * F;
+  int k = 0;
+  for (int b : hay.boundaries) {
+    if (std::abs(b - target) < std::abs(k - target)) k = b;
+  }
   PasskeyPrompt p;
   p.filler_tokens = F;
   p.tokens.reserve(static_cast<std::size_t>(length));
-  auto put_filler = [&](int from, int to) {
-    for (int i = from; i < to; ++i)
-      p.tokens.push_back(filler[static_cast<std::size_t>(i) % filler.size()]);
-  };
   p.tokens.insert(p.tokens.end(), head.begin(), head.end());
-  put_filler(0, k);
+  p.tokens.insert(p.tokens.end(), hay.tokens.begin(), hay.tokens.begin() + k);
   p.needle_start = static_cast<int>(p.tokens.size());
   p.tokens.insert(p.tokens.end(), needle.begin(), needle.end());
-  put_filler(k, F);
+  p.tokens.insert(p.tokens.end(), hay.tokens.begin() + k, hay.tokens.end());
   p.tokens.insert(p.tokens.end(), tail.begin(), tail.end());
   return p;
 }
@@ -181,10 +203,12 @@ double passkey_digit_score(const std::string& output, const std::string& key) {
 }
 
 InductionSequence build_induction_sequence(std::uint64_t seed, int prefix, int span, int distance,
-                                           std::int32_t token_lo, std::int32_t token_hi) {
-  KVARN_CHECK(prefix >= 0 && distance >= 0 && span >= 2,
-              "induction sequence: prefix and distance must be >= 0 and span >= 2 (got ", prefix,
-              ", ", distance, ", ", span, ")");
+                                           std::int32_t token_lo, std::int32_t token_hi,
+                                           int occurrences) {
+  KVARN_CHECK(prefix >= 0 && distance >= 0 && span >= 2 && occurrences >= 2,
+              "induction sequence: prefix and distance must be >= 0, span and occurrences >= 2 "
+              "(got ",
+              prefix, ", ", distance, ", ", span, ", ", occurrences, ")");
   KVARN_CHECK(token_lo >= 0 && token_hi > token_lo, "induction sequence: empty token range [",
               token_lo, ", ", token_hi, ")");
   std::mt19937_64 rng(seed);
@@ -195,9 +219,12 @@ InductionSequence build_induction_sequence(std::uint64_t seed, int prefix, int s
   for (int i = 0; i < prefix; ++i) s.tokens.push_back(draw());
   s.span_start = prefix;
   for (int i = 0; i < span; ++i) s.tokens.push_back(draw());
-  for (int i = 0; i < distance; ++i) s.tokens.push_back(draw());
-  s.repeat_start = static_cast<int>(s.tokens.size());
-  for (int i = 0; i < span; ++i) s.tokens.push_back(s.tokens[static_cast<std::size_t>(prefix + i)]);
+  for (int o = 1; o < occurrences; ++o) {
+    for (int i = 0; i < distance; ++i) s.tokens.push_back(draw());
+    s.repeat_start = static_cast<int>(s.tokens.size());
+    for (int i = 0; i < span; ++i)
+      s.tokens.push_back(s.tokens[static_cast<std::size_t>(prefix + i)]);
+  }
   return s;
 }
 

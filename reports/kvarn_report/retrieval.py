@@ -135,9 +135,9 @@ def induction_table(run: RunData) -> List[str]:
         a = block.get("all") or {}
         if a:
             out.append(f"| **{key.label}** | all | all | | | **{a['accuracy']:.3f}** | {_ci(a)} | | |")
-    out += ["", "Accuracy: fraction of the repeated span's tokens (after its first) that the greedy "
-            "argmax predicts, teacher forced, over all trials' tokens (the interval treats tokens as "
-            "independent, so it is optimistic for tokens of one sequence).", ""]
+    out += ["", "Accuracy: fraction of the span's last occurrence's tokens (after its first) that the "
+            "greedy argmax predicts, teacher forced, over all trials' tokens (the interval treats "
+            "tokens as independent, so it is optimistic for tokens of one sequence).", ""]
     return out
 
 

@@ -113,6 +113,8 @@ constexpr std::array kKeys = {
     ConfigKey{"retrieval.induction", "prefix", T::kInt, 0, 1 << 22, "16", "tokens before"},
     ConfigKey{"retrieval.induction", "trials", T::kInt, 1, 1 << 20, "4", "spans per cell"},
     ConfigKey{"retrieval.induction", "token_lo", T::kInt, 0, kIntMax, "3", "smallest token id"},
+    ConfigKey{"retrieval.induction", "occurrences", T::kInt, 2, 64, "2", "copies of the span"},
+    ConfigKey{"retrieval.induction", "token_hi", T::kInt, 0, kIntMax, "0", "end of ids (0: vocab)"},
     // throughput.
     ConfigKey{"throughput", "results", T::kString, 0, 0, "null", "GPU benchmark JSON"},
 };

@@ -127,19 +127,28 @@ void parse_induction(const Ctx& c, const YAML::Node& n, const fs::path& config_p
   }
   read_int(c, n, kInduction, config_key(kInduction, "prefix"), ind.prefix);
   read_int(c, n, kInduction, config_key(kInduction, "trials"), ind.trials);
+  read_int(c, n, kInduction, config_key(kInduction, "occurrences"), ind.occurrences);
   read_int(c, n, kInduction, config_key(kInduction, "token_lo"), ind.token_lo);
-  if (ind.token_lo >= ind.model.vocab_size - 1) {
-    c.fail_at(n["token_lo"], "retrieval.induction.token_lo",
-              "leaves fewer than 2 token ids below " + ind.model.name + "'s vocab_size " +
+  read_int(c, n, kInduction, config_key(kInduction, "token_hi"), ind.token_hi);
+  if (ind.token_hi > ind.model.vocab_size) {
+    c.fail_at(n["token_hi"], "retrieval.induction.token_hi",
+              std::to_string(ind.token_hi) + " exceeds " + ind.model.name + "'s vocab_size " +
                   std::to_string(ind.model.vocab_size));
   }
-  const int longest = ind.prefix + 2 * *std::max_element(ind.spans.begin(), ind.spans.end()) +
-                      *std::max_element(ind.distances.begin(), ind.distances.end());
+  if (ind.token_hi == 0) ind.token_hi = ind.model.vocab_size;
+  if (ind.token_lo >= ind.token_hi - 1) {
+    c.fail_at(n["token_lo"].IsDefined() ? n["token_lo"] : n, "retrieval.induction.token_lo",
+              "leaves fewer than 2 token ids in [token_lo, token_hi) = [" +
+                  std::to_string(ind.token_lo) + ", " + std::to_string(ind.token_hi) + ")");
+  }
+  const std::int64_t longest =
+      induction_tokens(ind, *std::max_element(ind.spans.begin(), ind.spans.end()),
+                       *std::max_element(ind.distances.begin(), ind.distances.end()));
   if (longest > ind.model.max_positions) {
     c.fail_at(n, "retrieval.induction",
-              "prefix + 2 * span + distance = " + std::to_string(longest) + " exceeds " +
-                  ind.model.name + "'s max_position_embeddings " +
-                  std::to_string(ind.model.max_positions));
+              "prefix + occurrences * span + (occurrences - 1) * distance = " +
+                  std::to_string(longest) + " exceeds " + ind.model.name +
+                  "'s max_position_embeddings " + std::to_string(ind.model.max_positions));
   }
 }
 
@@ -203,8 +212,10 @@ json retrieval_json(const RetrievalSettings& r) {
   }
   const InductionSettings& i = r.induction;
   if (i.enabled) {
-    out["induction"] = {{"model", model(i.model)}, {"spans", i.spans},   {"distances", i.distances},
-                        {"prefix", i.prefix},      {"trials", i.trials}, {"token_lo", i.token_lo}};
+    out["induction"] = {{"model", model(i.model)},      {"spans", i.spans},
+                        {"distances", i.distances},     {"prefix", i.prefix},
+                        {"trials", i.trials},           {"token_lo", i.token_lo},
+                        {"occurrences", i.occurrences}, {"token_hi", i.token_hi}};
   }
   return out;
 }

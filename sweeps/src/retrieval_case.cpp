@@ -31,9 +31,11 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-// Tokenized pieces of the passkey prompt of one model: the haystack and what surrounds it.
+// Tokenized pieces of the passkey prompt of one model: the filler sentences and what surrounds
+// the haystack.
 struct PasskeyText {
-  std::vector<std::int32_t> head, tail, filler;
+  std::vector<std::int32_t> head, tail;
+  std::vector<std::vector<std::int32_t>> sentences;
 };
 
 struct Memo {
@@ -50,7 +52,7 @@ const Runner& runner_for(const RetrievalModel& m, const RetrievalSettings& r) {
   return shared_runner(m.resolved, r.device, r.threads);
 }
 
-// The filler text: a JSONL file's "text" fields joined by blank lines, or the file as it is.
+// The filler text: a JSONL file's "text" fields joined by newlines, or the file as it is.
 std::string filler_text(const PasskeySettings& p) {
   const std::string raw = read_regular_file(p.filler_resolved, "retrieval filler");
   if (p.filler_resolved.extension() != ".jsonl") return raw;
@@ -63,10 +65,27 @@ std::string filler_text(const PasskeySettings& p) {
     const json j = json::parse(line, nullptr, false);
     KVARN_CHECK(j.is_object() && j.contains("text") && j["text"].is_string(), p.filler, ":", lineno,
                 ": expected a JSON object with a string \"text\"");
-    if (!out.empty()) out += "\n\n";
-    out += j["text"].get<std::string>();
+    out += j["text"].get<std::string>() + "\n";
   }
-  KVARN_CHECK(!out.empty(), p.filler, ": no text");
+  return out;
+}
+
+// The filler's sentences: its non-blank lines, trimmed, each tokenized after one space (the
+// separator between sentences of the haystack).
+std::vector<std::vector<std::int32_t>> filler_sentences(const Runner& r, const PasskeySettings& p) {
+  std::istringstream in(filler_text(p));
+  std::vector<std::vector<std::int32_t>> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    const std::size_t b = line.find_first_not_of(" \t\r");
+    if (b == std::string::npos) continue;
+    const std::size_t e = line.find_last_not_of(" \t\r");
+    std::string sentence(1, ' ');
+    sentence.append(line, b, e - b + 1);
+    std::vector<std::int32_t> t = r.encode(sentence);
+    if (!t.empty()) out.push_back(std::move(t));
+  }
+  KVARN_CHECK(!out.empty(), p.filler, ": the filler has no sentences (non-blank lines)");
   return out;
 }
 
@@ -83,8 +102,7 @@ const PasskeyText& passkey_text(const Runner& r, const PasskeySettings& p) {
   PasskeyText t;
   t.head = r.encode(turn.substr(0, at) + p.intro);
   t.tail = r.encode(p.question + turn.substr(at + marker.size()) + p.answer_prefix);
-  t.filler = r.encode(filler_text(p));
-  KVARN_CHECK(!t.filler.empty(), p.filler, ": the filler has no tokens");
+  t.sentences = filler_sentences(r, p);
   return memo().passkey_text.emplace(key, std::move(t)).first->second;
 }
 
@@ -134,6 +152,9 @@ void add_accuracy_rows(const RowContext& rc, const std::string& data, double eff
   add_row(rc, data, eff, prefix + ".ci_high", b["wilson"][1].get<double>(), extra);
 }
 
+// The filler of a trial draws from the trial's seed mixed with this, its key from the seed itself.
+constexpr std::uint64_t kFillerSeed = 0xf111e5ull;
+
 std::uint64_t cell_seed(std::int64_t seed, std::size_t a, std::size_t b, int trial) {
   return static_cast<std::uint64_t>(seed) * 1000003ull + (a * 1009 + b) * 100003ull +
          static_cast<std::uint64_t>(trial);
@@ -168,7 +189,8 @@ json run_passkey(const RetrievalSettings& s, const Method& method, const CaseSpe
         const std::string key = passkey_digits(cell_seed(s.seed, li, di, t), p.digits);
         const std::vector<std::int32_t> needle = r.encode(replace_all(p.needle, "{key}", key));
         const PasskeyPrompt prompt =
-            build_passkey_prompt(text.head, needle, text.tail, text.filler, L, p.depths[di]);
+            build_passkey_prompt(text.head, needle, text.tail, text.sentences, L, p.depths[di],
+                                 cell_seed(s.seed, li, di, t) ^ kFillerSeed);
         const std::string ref_key = p.model.resolved.string() + "|" + std::to_string(s.block) +
                                     "|" + s.current_token + "|" + std::to_string(p.decode_steps) +
                                     "|" + json(prompt.tokens).dump();
@@ -234,14 +256,14 @@ json run_induction(const RetrievalSettings& s, const Method& method, const CaseS
   for (std::size_t si = 0; si < ind.spans.size(); ++si) {
     for (std::size_t di = 0; di < ind.distances.size(); ++di) {
       const int span = ind.spans[si], dist = ind.distances[di];
-      const int tokens = ind.prefix + 2 * span + dist;
+      const int tokens = static_cast<int>(induction_tokens(ind, span, dist));
       const double eff =
           model_effective_bits(method, ind.model.head_dim, tokens, ind.model.num_layers);
       int hits = 0, n = 0, ref_hits = 0, exact_copies = 0;
       for (int t = 0; t < ind.trials; ++t) {
         const InductionSequence seq =
             build_induction_sequence(cell_seed(s.seed, si, di, t) ^ 0x5eedull, ind.prefix, span,
-                                     dist, ind.token_lo, ind.model.vocab_size);
+                                     dist, ind.token_lo, ind.token_hi, ind.occurrences);
         const std::string ref_key = ind.model.resolved.string() + "|" + std::to_string(s.block) +
                                     "|" + s.current_token + "|" + json(seq.tokens).dump();
         auto ref = memo().reference_hits.find(ref_key);
@@ -276,8 +298,9 @@ json run_induction(const RetrievalSettings& s, const Method& method, const CaseS
       all_n += n;
     }
   }
-  const int longest = ind.prefix + 2 * *std::max_element(ind.spans.begin(), ind.spans.end()) +
-                      *std::max_element(ind.distances.begin(), ind.distances.end());
+  const int longest = static_cast<int>(
+      induction_tokens(ind, *std::max_element(ind.spans.begin(), ind.spans.end()),
+                       *std::max_element(ind.distances.begin(), ind.distances.end())));
   const json all = binomial_json(all_hits, all_n);
   add_accuracy_rows(rc, ind.model.name,
                     model_effective_bits(method, ind.model.head_dim, longest, ind.model.num_layers),

@@ -3,6 +3,7 @@
 // the loop against plain greedy decoding on the project's fixture model.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <numeric>
@@ -92,34 +93,78 @@ TEST(Passkey, DigitsAreSeeded) {
   EXPECT_THROW(passkey_digits(0, 0), Error);
 }
 
+TEST(Passkey, HaystackOfSeededSentences) {
+  const std::vector<std::vector<std::int32_t>> sentences = {{100, 101, 102}, {200}, {}, {300, 301}};
+  for (int tokens : {0, 1, 5, 37}) {
+    const Haystack h = build_haystack(sentences, tokens, 7);
+    ASSERT_EQ(static_cast<int>(h.tokens.size()), tokens);
+    ASSERT_EQ(h.boundaries.front(), 0);
+    ASSERT_EQ(h.boundaries.back(), tokens);
+    // Between two boundaries lies one whole sentence (the last one may be cut).
+    for (std::size_t i = 0; i + 1 < h.boundaries.size(); ++i) {
+      const int b = h.boundaries[i], e = h.boundaries[i + 1];
+      ASSERT_LT(b, e);
+      const std::vector<std::int32_t> piece(h.tokens.begin() + b, h.tokens.begin() + e);
+      bool whole = false, prefix_of_one = false;
+      for (const auto& s : sentences) {
+        whole |= piece == s;
+        prefix_of_one |= !s.empty() && piece.size() <= s.size() &&
+                         std::equal(piece.begin(), piece.end(), s.begin());
+      }
+      EXPECT_TRUE(whole || (e == tokens && prefix_of_one)) << tokens << " " << i;
+    }
+  }
+  // Seeded: the same seed gives the same haystack, others differ; all sentences get used.
+  EXPECT_EQ(build_haystack(sentences, 200, 7).tokens, build_haystack(sentences, 200, 7).tokens);
+  EXPECT_NE(build_haystack(sentences, 200, 7).tokens, build_haystack(sentences, 200, 8).tokens);
+  const std::vector<std::int32_t> t = build_haystack(sentences, 200, 7).tokens;
+  for (std::int32_t id : {100, 200, 300}) EXPECT_NE(std::find(t.begin(), t.end(), id), t.end());
+  EXPECT_THROW(build_haystack({{}, {}}, 5, 1), Error);
+  EXPECT_THROW(build_haystack({}, 5, 1), Error);
+  EXPECT_NO_THROW(build_haystack({}, 0, 1));
+}
+
 TEST(Passkey, PromptLengthAndDepthBookkeeping) {
   const std::vector<std::int32_t> head = {1, 2, 3}, needle = {7, 7}, tail = {9, 9, 9, 9};
-  const std::vector<std::int32_t> filler = {100, 101, 102, 103, 104};
+  // Sentences of 5 tokens: the boundaries of the haystack are the multiples of 5 and F.
+  const std::vector<std::vector<std::int32_t>> sentences = {{100, 101, 102, 103, 104},
+                                                            {200, 201, 202, 203, 204}};
   for (int length : {9, 10, 17, 64}) {
     for (double depth : {0.0, 0.25, 0.5, 1.0}) {
-      const PasskeyPrompt p = build_passkey_prompt(head, needle, tail, filler, length, depth);
+      const PasskeyPrompt p = build_passkey_prompt(head, needle, tail, sentences, length, depth, 3);
       ASSERT_EQ(static_cast<int>(p.tokens.size()), length) << length << " " << depth;
       const int F = length - 9;
       EXPECT_EQ(p.filler_tokens, F);
-      EXPECT_EQ(p.needle_start, 3 + static_cast<int>(std::lround(depth * F)));
+      // The needle sits at the sentence boundary nearest depth * F (earlier one on a tie).
+      std::vector<int> bounds;
+      for (int b = 0; b < F; b += 5) bounds.push_back(b);
+      bounds.push_back(F);
+      int best = 0;
+      for (int b : bounds)
+        if (std::abs(b - depth * F) < std::abs(best - depth * F)) best = b;
+      EXPECT_EQ(p.needle_start, 3 + best) << length << " " << depth;
       EXPECT_EQ(std::vector<std::int32_t>(p.tokens.begin(), p.tokens.begin() + 3), head);
       EXPECT_EQ(std::vector<std::int32_t>(p.tokens.begin() + p.needle_start,
                                           p.tokens.begin() + p.needle_start + 2),
                 needle);
       EXPECT_EQ(std::vector<std::int32_t>(p.tokens.end() - 4, p.tokens.end()), tail);
-      // The haystack is the filler cycled, split around the needle.
+      // The haystack around the needle is build_haystack's, with the trial's seed.
       std::vector<std::int32_t> hay(p.tokens.begin() + 3, p.tokens.begin() + p.needle_start);
       hay.insert(hay.end(), p.tokens.begin() + p.needle_start + 2, p.tokens.end() - 4);
-      for (int i = 0; i < F; ++i) EXPECT_EQ(hay[i], filler[i % 5]);
+      EXPECT_EQ(hay, build_haystack(sentences, F, 3).tokens);
     }
   }
-  // Depth 0: right after the head; depth 1: right before the question.
-  EXPECT_EQ(build_passkey_prompt(head, needle, tail, filler, 20, 0.0).needle_start, 3);
-  EXPECT_EQ(build_passkey_prompt(head, needle, tail, filler, 20, 1.0).needle_start, 20 - 4 - 2);
-  EXPECT_THROW(build_passkey_prompt(head, needle, tail, filler, 8, 0.5), Error);  // too short
-  EXPECT_THROW(build_passkey_prompt(head, needle, tail, filler, 20, 1.5), Error);
-  EXPECT_THROW(build_passkey_prompt(head, needle, tail, {}, 20, 0.5), Error);
-  EXPECT_NO_THROW(build_passkey_prompt(head, needle, tail, {}, 9, 0.5));  // no haystack needed
+  // 20 tokens: F = 11, boundaries 0, 5, 10, 11. Depth 0: right after the head; depth 1: right
+  // before the question; depth 0.5 (5.5) goes to 5, depth 0.7 (7.7) to 10.
+  EXPECT_EQ(build_passkey_prompt(head, needle, tail, sentences, 20, 0.0, 1).needle_start, 3);
+  EXPECT_EQ(build_passkey_prompt(head, needle, tail, sentences, 20, 1.0, 1).needle_start,
+            20 - 4 - 2);
+  EXPECT_EQ(build_passkey_prompt(head, needle, tail, sentences, 20, 0.5, 1).needle_start, 3 + 5);
+  EXPECT_EQ(build_passkey_prompt(head, needle, tail, sentences, 20, 0.7, 1).needle_start, 3 + 10);
+  EXPECT_THROW(build_passkey_prompt(head, needle, tail, sentences, 8, 0.5, 1), Error);  // short
+  EXPECT_THROW(build_passkey_prompt(head, needle, tail, sentences, 20, 1.5, 1), Error);
+  EXPECT_THROW(build_passkey_prompt(head, needle, tail, {}, 20, 0.5, 1), Error);
+  EXPECT_NO_THROW(build_passkey_prompt(head, needle, tail, {}, 9, 0.5, 1));  // no haystack needed
 }
 
 TEST(Induction, SpanPlacement) {
@@ -138,6 +183,22 @@ TEST(Induction, SpanPlacement) {
   const InductionSequence z = build_induction_sequence(1, 0, 2, 0, 0, 2);  // adjacent copies
   EXPECT_EQ(z.repeat_start, 2);
   EXPECT_EQ(z.tokens[0], z.tokens[2]);
+  // Three occurrences: fresh gaps, the last copy is the scored one; the first two occurrences
+  // and the first gap are those of the two-occurrence sequence of the same seed.
+  const InductionSequence t = build_induction_sequence(5, 7, 12, 30, 3, 50, 3);
+  EXPECT_EQ(t.span_start, 7);
+  EXPECT_EQ(t.repeat_start, 7 + 2 * (12 + 30));
+  ASSERT_EQ(t.tokens.size(), 7u + 3 * 12 + 2 * 30);
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_EQ(t.tokens[7 + i], t.tokens[7 + 12 + 30 + i]);
+    EXPECT_EQ(t.tokens[7 + i], t.tokens[t.repeat_start + i]);
+  }
+  EXPECT_EQ(std::vector<std::int32_t>(t.tokens.begin(), t.tokens.begin() + s.tokens.size()),
+            s.tokens);
+  EXPECT_NE(std::vector<std::int32_t>(t.tokens.begin() + 7 + 12, t.tokens.begin() + 7 + 12 + 30),
+            std::vector<std::int32_t>(t.tokens.begin() + 7 + 2 * 12 + 30,
+                                      t.tokens.begin() + 7 + 2 * 12 + 2 * 30));
+  EXPECT_THROW(build_induction_sequence(1, 0, 4, 0, 0, 10, 1), Error);
   EXPECT_THROW(build_induction_sequence(1, 0, 1, 0, 0, 10), Error);
   EXPECT_THROW(build_induction_sequence(1, 0, 4, 0, 5, 5), Error);
 }

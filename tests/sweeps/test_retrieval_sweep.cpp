@@ -141,6 +141,10 @@ TEST_F(RetrievalSweep, BadBlocksNameTheKey) {
   EXPECT_NE(error_of(block("    lenghts: [96]\n")).find("lengths"), std::string::npos);
   EXPECT_NE(error_of("retrieval:\n  enabled: true\n").find("neither passkey nor induction"),
             std::string::npos);
+  EXPECT_NE(error_of(block() + "    token_hi: 99999\n").find("retrieval.induction.token_hi"),
+            std::string::npos);  // past the fixture's vocabulary of 12288
+  EXPECT_NE(error_of(block() + "    token_lo: 10\n    token_hi: 11\n").find("fewer than 2"),
+            std::string::npos);
 }
 
 #else
