@@ -43,14 +43,7 @@ RetrievalModel load_model(const Ctx& c, const YAML::Node& n, const std::string& 
   const CheckpointRef ck =
       read_checkpoint(c, n, key, config_path, need_tokenizer ? "the passkey prompt is text" : "");
   RetrievalModel m;
-  m.path = ck.path;
-  m.resolved = ck.resolved;
-  m.name = ck.name;
-  m.fingerprint = ck.fingerprint;
-  m.head_dim = ck.head_dim;
-  m.num_layers = ck.num_layers;
-  m.vocab_size = ck.vocab_size;
-  m.max_positions = ck.max_position_embeddings;
+  static_cast<CheckpointRef&>(m) = ck;
   return m;
 }
 
@@ -77,10 +70,10 @@ void parse_passkey(const Ctx& c, const YAML::Node& n, const fs::path& config_pat
         get_int_list(c, n["lengths"], "retrieval.passkey.lengths", config_key(kPasskey, "lengths"));
   }
   for (std::size_t i = 0; i < p.lengths.size(); ++i) {
-    if (p.lengths[i] > p.model.max_positions) {
+    if (p.lengths[i] > p.model.max_position_embeddings) {
       c.fail_at(n["lengths"].IsDefined() ? n["lengths"] : n, "retrieval.passkey.lengths",
                 std::to_string(p.lengths[i]) + " tokens exceed " + p.model.name +
-                    "'s max_position_embeddings " + std::to_string(p.model.max_positions));
+                    "'s max_position_embeddings " + std::to_string(p.model.max_position_embeddings));
     }
   }
   if (const YAML::Node d = n["depths"]; d.IsDefined()) {
@@ -144,11 +137,11 @@ void parse_induction(const Ctx& c, const YAML::Node& n, const fs::path& config_p
   const std::int64_t longest =
       induction_tokens(ind, *std::max_element(ind.spans.begin(), ind.spans.end()),
                        *std::max_element(ind.distances.begin(), ind.distances.end()));
-  if (longest > ind.model.max_positions) {
+  if (longest > ind.model.max_position_embeddings) {
     c.fail_at(n, "retrieval.induction",
               "prefix + occurrences * span + (occurrences - 1) * distance = " +
                   std::to_string(longest) + " exceeds " + ind.model.name +
-                  "'s max_position_embeddings " + std::to_string(ind.model.max_positions));
+                  "'s max_position_embeddings " + std::to_string(ind.model.max_position_embeddings));
   }
 }
 

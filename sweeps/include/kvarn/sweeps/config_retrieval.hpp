@@ -8,16 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "kvarn/sweeps/checkpoint_ref.hpp"
+
 namespace kvarn {
 
 // A checkpoint directory the runner loads, with what the sweep needs of its config.json.
-struct RetrievalModel {
-  std::string path;                // as written
-  std::filesystem::path resolved;  // checkpoint directory
-  std::string name;                // directory name: the `data` prefix of its summary rows
-  std::string fingerprint;         // of model.safetensors (or config.json when sharded)
-  int head_dim = 0, num_layers = 0, vocab_size = 0, max_positions = 0;
-};
+struct RetrievalModel : CheckpointRef {};
 
 // Passkey: a digit key planted at each depth of a filler haystack of each length (in tokens).
 struct PasskeySettings {
