@@ -40,11 +40,8 @@ std::vector<int> get_int_list(const Ctx& c, const YAML::Node& n, const std::stri
 RetrievalModel load_model(const Ctx& c, const YAML::Node& n, const std::string& key,
                           const fs::path& config_path, bool need_tokenizer) {
   if (!present(n)) c.fail_at(n, key, "missing: a checkpoint directory");
-  const CheckpointRef ck =
-      read_checkpoint(c, n, key, config_path, need_tokenizer ? "the passkey prompt is text" : "");
-  RetrievalModel m;
-  static_cast<CheckpointRef&>(m) = ck;
-  return m;
+  return read_checkpoint(c, n, key, config_path,
+                         need_tokenizer ? "the passkey prompt is text" : "");
 }
 
 void read_string(const Ctx& c, const YAML::Node& map, const std::string& path, const char* name,

@@ -13,7 +13,7 @@
 namespace kvarn {
 
 // A checkpoint directory the runner loads, with what the sweep needs of its config.json.
-struct RetrievalModel : CheckpointRef {};
+using RetrievalModel = CheckpointRef;
 
 // Passkey: a digit key planted at each depth of a filler haystack of each length (in tokens).
 struct PasskeySettings {
