@@ -3,7 +3,8 @@
 # already present are not reinstalled, so a prepared machine spends no time here.
 set -euo pipefail
 
-apt_packages=(cmake ninja-build g++ pkg-config libeigen3-dev libhdf5-dev zlib1g-dev libcli11-dev
+apt_packages=(cmake ninja-build g++ pkg-config libeigen3-dev libhdf5-dev zlib1g-dev libdeflate-dev
+              libcli11-dev
               libyaml-cpp-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
               libpcre2-dev python3 python3-pip
               clang libclang-rt-dev)  # clang + its sanitizer/libFuzzer runtimes: fuzz/build.sh

@@ -99,23 +99,29 @@ KvCache::KvCache(int head_dim, std::unique_ptr<StreamCodec> key,
 }
 
 // Queues the rows after the sink, then flushes every full chunk (encode writes its rows'
-// reconstruction); pending / pending_first keep the rows not flushed yet.
+// reconstruction); pending / pending_first keep the rows not flushed yet. With nothing queued,
+// full chunks are encoded straight from `rows` and only the rest is copied into pending.
 void KvCache::Stream::flush(const float* rows, int n, int first_token, int d) {
   const std::size_t row = static_cast<std::size_t>(d);
-  for (int i = 0; i < n; ++i) {
-    const int t = first_token + i;
-    if (t < policy.sink) continue;
-    if (pending.empty()) pending_first = t;
-    pending.insert(pending.end(), rows + i * row, rows + (i + 1) * row);
+  const int sink_rows = std::clamp(policy.sink - first_token, 0, std::max(n, 0));
+  rows += sink_rows * row;
+  n -= sink_rows;
+  first_token += sink_rows;
+  if (n <= 0) return;
+  const bool direct = pending.empty();
+  if (direct) {
+    pending_first = first_token;
+  } else {
+    pending.insert(pending.end(), rows, rows + n * row);
   }
-  const int pending_rows = static_cast<int>(pending.size() / row);
+  const float* base = direct ? rows : pending.data();
+  const int available = direct ? n : static_cast<int>(pending.size() / row);
   int consumed = 0;
-  while (pending_rows - consumed - policy.keep_recent >= policy.chunk) {
+  while (available - consumed - policy.keep_recent >= policy.chunk) {
     Chunk c;
     c.first_token = pending_first + consumed;
     c.tokens = policy.chunk;
-    codec->encode(pending.data() + consumed * row, policy.chunk, &c,
-                  recon.data() + c.first_token * row);
+    codec->encode(base + consumed * row, policy.chunk, &c, recon.data() + c.first_token * row);
     KVARN_CHECK(c.bytes() == chunk_bytes, "codec stored ", c.bytes(),
                 " bytes for a chunk but accounts ", chunk_bytes);
     for (int t = 0; t < policy.chunk; ++t) is_quantized[c.first_token + t] = 1;
@@ -123,10 +129,12 @@ void KvCache::Stream::flush(const float* rows, int n, int first_token, int d) {
     ++flushed;
     consumed += policy.chunk;
   }
-  if (consumed > 0) {
+  if (direct) {
+    pending.assign(rows + consumed * row, rows + n * row);
+  } else if (consumed > 0) {
     pending.erase(pending.begin(), pending.begin() + consumed * row);
-    pending_first += consumed;
   }
+  pending_first += consumed;
 }
 
 void KvCache::Stream::append(const float* rows, int n, int first_token, int d) {

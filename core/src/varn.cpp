@@ -159,10 +159,16 @@ KVARN_SIMD_CLONES void divide_and_stats(const float* a, int rows, int cols, cons
 // one axis. The scales are independent, so the portable log/exp vectorize across them.
 KVARN_SIMD_CLONES void update_log_scales(const std::vector<float>& stds, const VarnParams& p,
                                          std::vector<float>& log_s, std::vector<float>& s) {
-  for (size_t i = 0; i < stds.size(); ++i) {
-    log_s[i] = clampf(log_s[i] + portable_log(clampf(stds[i], p.std_min, p.std_max)), p.log_min,
-                      p.log_max);
-    s[i] = portable_exp(log_s[i]);
+  // Locals and restrict pointers: the stores cannot alias the parameters, so the loop vectorizes.
+  const float std_min = p.std_min, std_max = p.std_max, log_min = p.log_min, log_max = p.log_max;
+  const float* __restrict sd = stds.data();
+  float* __restrict ls = log_s.data();
+  float* __restrict sc = s.data();
+  const size_t n = stds.size();
+  for (size_t i = 0; i < n; ++i) {
+    const float l = clampf(ls[i] + portable_log(clampf(sd[i], std_min, std_max)), log_min, log_max);
+    ls[i] = l;
+    sc[i] = portable_exp(l);
   }
 }
 

@@ -1,8 +1,13 @@
 #include "tile_slab.hpp"
 
+#ifdef KVARN_HAVE_LIBDEFLATE
+#include <libdeflate.h>
+#else
 #include <zlib.h>
+#endif
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <climits>
 #include <cstring>
@@ -73,26 +78,34 @@ bool read_direct_chunks(const H5::DataSet& ds, std::uintmax_t file_size, StoredS
   slab->chunk_tokens = c;
   slab->filters = std::move(filters);
   const int num_chunks = (slab->num_tokens + c - 1) / c;
+  auto offset = [&](int i) -> std::array<hsize_t, 4> {
+    return {static_cast<hsize_t>(slab->layer_index), static_cast<hsize_t>(slab->head),
+            static_cast<hsize_t>(i) * c, 0};
+  };
+  auto at = [&](int i) {
+    return "stored chunk at token " + std::to_string(static_cast<long long>(i) * c);
+  };
+  // Sizes first, so that the slab's bytes are allocated once and each chunk is read in place.
   std::uintmax_t total = 0;
   for (int i = 0; i < num_chunks; ++i) {
-    const hsize_t offset[4] = {static_cast<hsize_t>(slab->layer_index),
-                               static_cast<hsize_t>(slab->head), static_cast<hsize_t>(i) * c, 0};
-    const std::string at = "stored chunk at token " + std::to_string(static_cast<long long>(i) * c);
     hsize_t bytes = 0;
-    if (H5Dget_chunk_storage_size(ds.getId(), offset, &bytes) < 0) {
-      throw H5::DataSetIException("read_direct_chunks", "cannot locate the " + at);
+    if (H5Dget_chunk_storage_size(ds.getId(), offset(i).data(), &bytes) < 0) {
+      throw H5::DataSetIException("read_direct_chunks", "cannot locate the " + at(i));
     }
     total += bytes;
     KVARN_CHECK(bytes > 0 && total <= file_size, slab->where, ": [layer ", slab->layer_index,
-                ", head ", slab->head, "]: the ", at, " claims ", bytes, " bytes (", total,
+                ", head ", slab->head, "]: the ", at(i), " claims ", bytes, " bytes (", total,
                 " for the slab so far) in a file of ", file_size, " bytes (corrupt file?)");
-    const std::size_t begin = slab->bytes.size();
-    slab->bytes.resize(begin + bytes);
+    slab->chunk_end.push_back(static_cast<std::size_t>(total));
+  }
+  slab->bytes.resize(static_cast<std::size_t>(total));
+  for (int i = 0; i < num_chunks; ++i) {
     std::uint32_t mask = 0;
-    if (H5Dread_chunk(ds.getId(), H5P_DEFAULT, offset, &mask, slab->bytes.data() + begin) < 0) {
-      throw H5::DataSetIException("read_direct_chunks", "cannot read the " + at);
+    const std::size_t begin = i == 0 ? 0 : slab->chunk_end[i - 1];
+    if (H5Dread_chunk(ds.getId(), H5P_DEFAULT, offset(i).data(), &mask,
+                      slab->bytes.data() + begin) < 0) {
+      throw H5::DataSetIException("read_direct_chunks", "cannot read the " + at(i));
     }
-    slab->chunk_end.push_back(slab->bytes.size());
     slab->filter_mask.push_back(mask);
   }
   return true;
@@ -134,6 +147,29 @@ void convert_checked(const StoredSlab& s, const std::uint8_t* in, std::size_t n,
   }
 }
 
+// A zlib stream (HDF5's deflate filter) inflated whole; the adler32 check included either way.
+#ifdef KVARN_HAVE_LIBDEFLATE
+class Inflater {
+ public:
+  Inflater() : d_(libdeflate_alloc_decompressor()) {
+    if (!d_) throw std::bad_alloc();
+  }
+  ~Inflater() { libdeflate_free_decompressor(d_); }
+  Inflater(const Inflater&) = delete;
+  Inflater& operator=(const Inflater&) = delete;
+
+  // True when `in` is one complete zlib stream of exactly `out_len` bytes.
+  bool inflate_exact(const std::uint8_t* in, std::size_t len, std::uint8_t* out,
+                     std::size_t out_len) {
+    std::size_t got = 0;
+    return libdeflate_zlib_decompress(d_, in, len, out, out_len, &got) == LIBDEFLATE_SUCCESS &&
+           got == out_len;
+  }
+
+ private:
+  libdeflate_decompressor* d_;
+};
+#else
 class Inflater {
  public:
   Inflater() {
@@ -157,6 +193,7 @@ class Inflater {
  private:
   z_stream z_{};
 };
+#endif
 
 // HDF5's shuffle of 2-byte elements: all first bytes, then all second bytes.
 void unshuffle2(const std::uint8_t* in, std::size_t n, std::uint8_t* out) {

@@ -591,12 +591,27 @@ json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& ar
     if (h5) write_arrays_header(*h5, cs);
     for (std::size_t ti = 0; ti < cfg.data.tiles.size(); ++ti) measure_data_file(run, ti, h5);
   };
+  // Wall seconds per phase of the case, in the record's timing (docs/PERFORMANCE.md).
+  json phases = json::object();
+  auto t0 = std::chrono::steady_clock::now();
+  auto lap = [&](const char* phase) {
+    const auto t1 = std::chrono::steady_clock::now();
+    phases[phase] = std::chrono::duration<double>(t1 - t0).count();
+    t0 = t1;
+  };
   // Error accumulation runs the model with the method in the loop (accumulation_case.cpp).
   AccumulationCase acc;
-  if (cfg.accumulation.enabled) acc = runner_steps().accumulation_case(cfg, cs);
+  if (cfg.accumulation.enabled) {
+    acc = runner_steps().accumulation_case(cfg, cs);
+    lap("accumulation");
+  }
   // Passkey and induction copy with the method in the loop (retrieval_case.cpp).
   RetrievalCase ret;
-  if (cfg.retrieval.enabled) ret = runner_steps().retrieval_case(cfg, cs);
+  if (cfg.retrieval.enabled) {
+    ret = runner_steps().retrieval_case(cfg, cs);
+    lap("retrieval");
+  }
+  t0 = std::chrono::steady_clock::now();
   if (arrays_path.empty()) {
     body(nullptr);
   } else {
@@ -627,12 +642,14 @@ json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& ar
       {"rows", tidy_rows(run, acc)},
       {"arrays",
        arrays_path.empty() ? json(nullptr) : json("arrays/" + arrays_path.filename().string())}};
+  lap("tiles");
   if (cfg.accumulation.enabled) record["accumulation"] = std::move(acc.record);
   // Model-level quality: KLD / perplexity against fp16 with the method in the loop.
   if (cfg.quality.enabled) {
     QualityCase qual = runner_steps().quality_case(cfg, cs);
     for (json& r : qual.rows) record["rows"].push_back(std::move(r));
     record["quality"] = std::move(qual.record);
+    lap("quality");
   }
   if (cfg.retrieval.enabled) {
     for (json& r : ret.rows) record["rows"].push_back(std::move(r));
@@ -644,6 +661,7 @@ json compute_case(const SweepConfig& cfg, const CaseSpec& cs, const fs::path& ar
     units[cfg.data.tiles[ti].name] = run.parts[ti].units.unit_values();
   record["units"] = std::move(units);
   record["bootstrap"] = row_bootstrap_json(cfg.seed, kRowBootstrapUnits);
+  record["timing"] = {{"phases", std::move(phases)}};
   return record;
 }
 
@@ -718,7 +736,10 @@ void run_case(const SweepConfig& cfg, const SweepConfig& run_cfg, const CaseSpec
   const std::string started = utc_timestamp();
   json record = compute_case(run_cfg, c, cfg.metrics.arrays ? store.arrays_path(c.id) : fs::path());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  record["timing"] = {{"seconds", secs}, {"started", started}, {"finished", utc_timestamp()}};
+  json& timing = record["timing"];  // holds the phases of compute_case
+  timing["seconds"] = secs;
+  timing["started"] = started;
+  timing["finished"] = utc_timestamp();
   record["provenance_digest"] = digest;
   record["command"] = reproduce_command(cfg, c.id);
   store.write_case(record);

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
+#include <vector>
 
+#include "kvarn/core/half_array.hpp"
 #include "kvarn/core/reduce.hpp"
 #include "kvarn/core/rng.hpp"
 
@@ -32,6 +35,56 @@ TEST(PortableMath, ExpMatchesLibmWithinOneUlp) {
     ASSERT_LE(std::fabs(ours - ref), ref * 1.2e-7f) << x;
   }
   EXPECT_EQ(portable_exp(0.0f), 1.0f);
+}
+
+// Bits of portable_log / portable_exp pinned at the edges of their bit manipulation (float
+// subnormals, the sqrt(2) split of the mantissa, both ends of the exponent range): the CUDA store
+// computes the same functions, and the golden records depend on every bit.
+TEST(PortableMath, LogAndExpBitsArePinned) {
+  const std::pair<float, std::uint32_t> logs[] = {
+      {0x1p-149f, 0xc2ce8ed0u},        {0x1.8p-140f, 0xc2c14531u},      {0x1p-126f, 0xc2aeac50u},
+      {0x1.6a09e6p-1f, 0xbeb17219u},   {0x1.6a09e6p+0f, 0x3eb17217u},   {0x1.6a09e8p+0f, 0x3eb1721au},
+      {0x1.6a09e4p+0f, 0x3eb17215u},   {0x1.6a09e6p-100f, 0xc289efb1u}, {0x1.6a09e8p+100f, 0x428b5295u},
+      {0x1p+0f, 0x00000000u},          {0x1p+1f, 0x3f317218u},          {0x1p-1f, 0xbf317218u},
+      {0x1.8p+1f, 0x3f8c9f54u},        {0x1.fffffep+127f, 0x42b17218u}, {0x1.0624dep-10f, 0xc0dd0c55u},
+      {0x1.dp+2f, 0x3ffd9175u}};
+  for (const auto& [x, bits] : logs) EXPECT_EQ(float_bits(portable_log(x)), bits) << x;
+  const std::pair<float, std::uint32_t> exps[] = {
+      {-0x1.4p+6f, 0x05bfecbau},      {0x1.4p+6f, 0x792abbceu},      {-0x1.cp+2f, 0x3a6f0b5du},
+      {0x1.4p+3f, 0x46ac14eeu},       {0x0p+0f, 0x3f800000u},        {-0x0p+0f, 0x3f800000u},
+      {0x1.62e43p-2f, 0x3fb504f3u},   {-0x1.62e43p-2f, 0x3f3504f3u}, {0x1.62e43p-1f, 0x40000000u},
+      {0x1p+0f, 0x402df854u},         {-0x1p+0f, 0x3ebc5ab2u},       {0x1.b7cdfep-34f, 0x3f800000u},
+      {0x1.6p+2f, 0x4374b122u}};
+  for (const auto& [x, bits] : exps) EXPECT_EQ(float_bits(portable_exp(x)), bits) << x;
+}
+
+// The vectorized in-place rounding equals round_to_half element by element, on every magnitude:
+// fp16 normals, the fp16 subnormal range (ties included), zeros, overflow, Inf and NaN.
+TEST(PortableMath, RoundToHalfInplaceMatchesScalar) {
+  Rng rng(4);
+  std::vector<float> x;
+  for (int i = 0; i < 20000; ++i) {
+    const double mag = std::exp2(rng.uniform() * 60.0 - 40.0);  // 2^-40 .. 2^20
+    x.push_back(static_cast<float>(rng.uniform() < 0.5 ? -mag : mag));
+  }
+  for (int k = 0; k < 2048; ++k) {  // every fp16 subnormal step and the midpoints between them
+    x.push_back(static_cast<float>(k) * 0x1p-25f);
+    x.push_back(-static_cast<float>(k) * 0x1p-25f);
+  }
+  for (float v : {0.0f, -0.0f, 0x1p-14f, 0x1.ffcp-15f, 0x1.ffep-15f, 0x1p-25f, 0x1.000002p-25f,
+                  0x1p-149f, 65504.0f, 65519.0f, 65520.0f, -70000.0f,
+                  std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()})
+    x.push_back(v);
+  std::vector<float> y = x;
+  round_to_half_inplace(y.data(), y.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float ref = round_to_half(x[i]);
+    if (std::isnan(ref)) {
+      EXPECT_TRUE(std::isnan(y[i])) << x[i];
+    } else {
+      EXPECT_EQ(float_bits(y[i]), float_bits(ref)) << x[i];
+    }
+  }
 }
 
 TEST(PortableMath, HalfConversionExhaustiveRoundTrip) {

@@ -71,14 +71,20 @@ KVARN_HD float sqrt_rn(float x) {
 KVARN_HD float portable_log(float x) {
   constexpr double kLn2 = 0.69314718055994530942;
   constexpr double kSqrtHalf = 0.70710678118654752440;
+  constexpr double k2p52 = 4503599627370496.0;  // 2^52
   double d = static_cast<double>(x);
   std::uint64_t u = double_bits(d);
-  int e = static_cast<int>((u >> 52) & 0x7ff) - 1023;  // float subnormals are double normals
-  double m = bits_double((u & 0x000fffffffffffffULL) | 0x3ff0000000000000ULL);  // [1, 2)
-  // Branch-free (selects, same arithmetic) so loops over many scales vectorize.
-  const bool upper = m > 2.0 * kSqrtHalf;
-  m = upper ? m * 0.5 : m;
-  e += upper ? 1 : 0;
+  // Mantissa m in [1, 2); above sqrt(2) it is halved (its exponent bits lowered by one, exact)
+  // and the exponent raised by one. The comparison is on the bits (positive doubles order as
+  // their bits) and the unbiased exponent becomes an exact double through 2^52's exponent
+  // (2^52 + bits), float subnormals being double normals: only 64-bit integer and double
+  // operations, no branch, so loops over many scales vectorize with AVX2.
+  const std::uint64_t mb = (u & 0x000fffffffffffffULL) | 0x3ff0000000000000ULL;
+  const std::uint64_t upper =  // signed compare (AVX2 has one), both below 2^63
+      static_cast<std::int64_t>(mb) > static_cast<std::int64_t>(double_bits(2.0 * kSqrtHalf)) ? 1
+                                                                                           : 0;
+  double m = bits_double(mb - (upper << 52));
+  double e = (bits_double((((u >> 52) & 0x7ff) + upper) | 0x4330000000000000ULL) - k2p52) - 1023.0;
   // log(m) = 2 atanh(s), s = (m-1)/(m+1), |s| <= 0.1716: 12 odd terms reach double precision.
   double s = (m - 1.0) / (m + 1.0);
   double s2 = s * s;
@@ -95,7 +101,7 @@ KVARN_HD float portable_log(float x) {
   p = p * s2 + 1.0 / 5.0;
   p = p * s2 + 1.0 / 3.0;
   p = p * s2 + 1.0;
-  double r = static_cast<double>(e) * kLn2 + 2.0 * s * p;
+  double r = e * kLn2 + 2.0 * s * p;
   return static_cast<float>(r);
 }
 
@@ -106,10 +112,11 @@ KVARN_HD float portable_exp(float x) {
   constexpr double kInvLn2 = 1.44269504088896338700;
   double d = static_cast<double>(x);
   double kf = d * kInvLn2;
-  // round to nearest integer without libm: add/subtract 1.5 * 2^52
+  // round to nearest integer without libm: add/subtract 1.5 * 2^52. The sum's bits are
+  // 0x4338000000000000 + k (two's complement k in the low mantissa bits).
   constexpr double kShift = 6755399441055744.0;
-  kf = (kf + kShift) - kShift;
-  int k = static_cast<int>(kf);
+  const double shifted = kf + kShift;
+  kf = shifted - kShift;
   double r = (d - kf * kLn2Hi) - kf * kLn2Lo;  // |r| <= 0.347
   double p = 1.0 / 6227020800.0;                // 1/13!
   p = p * r + 1.0 / 479001600.0;
@@ -125,7 +132,8 @@ KVARN_HD float portable_exp(float x) {
   p = p * r + 0.5;
   p = p * r + 1.0;
   p = p * r + 1.0;
-  double scale = bits_double(static_cast<std::uint64_t>(k + 1023) << 52);  // 2^k, exact
+  // 2^k, exact: (k + 1023) << 52; the constant 0x4338... shifts out of the 64 bits.
+  double scale = bits_double((double_bits(shifted) + 1023) << 52);
   return static_cast<float>(p * scale);
 }
 
