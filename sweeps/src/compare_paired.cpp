@@ -244,7 +244,7 @@ std::string format_paired_table(const PairedResult& r) {
      << r.bootstrap.level * 100 << " %, seed " << r.bootstrap.seed
      << "); flagged only when the CI excludes 0\n";
   char buf[512];
-  std::snprintf(buf, sizeof(buf), "%-10s %-24s %-40s %-26s %11s %11s %5s %11s %24s\n", "status",
+  std::snprintf(buf, sizeof(buf), "%-10s %-24s %-44s %-26s %11s %11s %5s %11s %24s\n", "status",
                 "data", "metric", r.between_runs ? "spec" : "A vs B", r.between_runs ? "new" : "A",
                 r.between_runs ? "base" : "B", "units", "diff", "95 % CI");
   os << buf;
@@ -261,8 +261,8 @@ std::string format_paired_table(const PairedResult& r) {
       diff = fmt(x.test->difference.estimate);
       std::snprintf(ci, sizeof(ci), "[%.4g, %.4g]", x.test->difference.lo, x.test->difference.hi);
     }
-    std::snprintf(buf, sizeof(buf), "%-10s %-24s %-40s %-26s %11s %11s %5d %11s %24s\n", status,
-                  x.data.substr(0, 24).c_str(), x.metric.substr(0, 40).c_str(), spec.c_str(),
+    std::snprintf(buf, sizeof(buf), "%-10s %-24s %-44s %-26s %11s %11s %5d %11s %24s\n", status,
+                  x.data.substr(0, 24).c_str(), x.metric.substr(0, 44).c_str(), spec.c_str(),
                   fmt(x.mean_a).c_str(), fmt(x.mean_b).c_str(), x.units, diff.c_str(), ci);
     os << buf;
   }
