@@ -340,6 +340,17 @@ void measure_reconstruction(CaseRun& run, DataPart& part, LayerSlab& slab, const
       part.units.add(scope + ".quantized_only.nmse", unit, m->quantized_only.sum_sq_err,
                      m->quantized_only.sum_sq_ref);
     }
+    // The magnitude shares pool as ReconPool does: error-weighted overall, row-weighted for the
+    // top rows, so each CI brackets its row's value.
+    const ReconstructionMetrics& a = m->all_tokens;
+    part.units.add(scope + ".end_to_end.magnitude_share", unit, a.magnitude_err,
+                   a.magnitude_err + a.direction_err);
+    for (std::size_t i = 0; i < kTopRowFractions.size(); ++i) {
+      part.units.add(
+          scope + ".end_to_end.magnitude_share_top." + percent_label(kTopRowFractions[i] * 100.0),
+          unit, a.top_magnitude_share[i] * static_cast<double>(a.rows),
+          static_cast<double>(a.rows));
+    }
   }
   if (slab.glayer) {
     H5::Group gh = h5::create_group(*slab.glayer, two_digits("head_", h));

@@ -4,6 +4,7 @@
 // bucket sums, and the unit CIs the rows carry.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -188,6 +189,37 @@ TEST_F(UnitRowsTest, EngineRowsCarryBucketsAndCis) {
     EXPECT_EQ(row["ci_units"], 4) << k;
     EXPECT_LE(row["ci_lo"].get<double>(), row["value"].get<double>() * (1 + 1e-12)) << k;
     EXPECT_GE(row["ci_hi"].get<double>(), row["value"].get<double>() * (1 - 1e-12)) << k;
+  }
+  // The magnitude shares (overall and of the top 0.1 / 1 / 5 % rows) carry CIs too. Every unit
+  // holds 300 rows, so a top-rows row (row-weighted over units) is the plain mean of the units'
+  // values; the overall share (error-weighted) lies within their range.
+  for (const char* s : {"key", "value"}) {
+    for (const char* m :
+         {".end_to_end.magnitude_share", ".end_to_end.magnitude_share_top.0.1pct",
+          ".end_to_end.magnitude_share_top.1pct", ".end_to_end.magnitude_share_top.5pct"}) {
+      const std::string k = std::string(s) + m;
+      const json& row = all.at(k);
+      ASSERT_TRUE(row.contains("ci_lo")) << k;
+      EXPECT_EQ(row["ci_units"], 4) << k;
+      const double v = row["value"].get<double>();
+      EXPECT_LE(row["ci_lo"].get<double>(), v * (1 + 1e-12)) << k;
+      EXPECT_GE(row["ci_hi"].get<double>(), v * (1 - 1e-12)) << k;
+      const json& units = rec["units"]["sample"][k];
+      ASSERT_EQ(units.size(), 4u) << k;
+      double sum = 0, lo = 1, hi = 0;
+      for (const auto& [u, x] : units.items()) {
+        sum += x.get<double>();
+        lo = std::min(lo, x.get<double>());
+        hi = std::max(hi, x.get<double>());
+      }
+      EXPECT_GT(hi, 0.0) << k;  // real tiles: a nonzero magnitude error
+      if (k.find("_top.") != std::string::npos) {
+        EXPECT_NEAR(v, sum / 4.0, 1e-12) << k;
+      } else {
+        EXPECT_GE(v, lo * (1 - 1e-12)) << k;
+        EXPECT_LE(v, hi * (1 + 1e-12)) << k;
+      }
+    }
   }
   EXPECT_FALSE(all.at("attention.kl.max").contains("ci_lo"));
   EXPECT_EQ(rec["units"]["sample"]["attention.headline.kl.mean"].size(), 4u);
