@@ -14,7 +14,12 @@
 #   scripts/gpu.sh accumulation       error accumulation on CUDA: AccumulationCuda/Math tests, then
 #                                     `kvarn-eval sweep configs/accumulation_gpu.yaml`
 #   scripts/gpu.sh quality            model-level KLD / perplexity on CUDA: the Quality* tests, then
-#                                     `kvarn-eval sweep configs/quality_gpu.yaml` (32K-token windows)
+#                                     `kvarn-eval sweep configs/quality_gpu.yaml` (32K-token windows;
+#                                     KVARN_QUALITY_CONFIG=<config> runs another, e.g.
+#                                     configs/quality_smollm2_gpu.yaml)
+#   scripts/gpu.sh retrieval          passkey with each method in the loop on CUDA: the passkey
+#                                     tests, then `kvarn-eval sweep configs/retrieval_gpu.yaml`
+#                                     (needs the runner's tokenizer: libpcre2-dev)
 # Every suite configures the CMake preset `h200` (build-h200/, CUDA on, sm_90, the runner when torch
 # is importable) and builds incrementally what it needs. Logs and JSON go to $OUT (default
 # /tmp/kvarn-gpu/<suite>); a summary is printed last; the exit status is 0 only when all passed.
@@ -29,9 +34,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 suite=${1:-}
 case "$suite" in
-  tests | bench | runner-cache | attention-metrics | accumulation | quality) ;;
+  tests | bench | runner-cache | attention-metrics | accumulation | quality | retrieval) ;;
   *)
-    echo "usage: scripts/gpu.sh tests|bench|runner-cache|attention-metrics|accumulation|quality" >&2
+    echo "usage: scripts/gpu.sh tests|bench|runner-cache|attention-metrics|accumulation|quality|retrieval" >&2
     exit 2
     ;;
 esac
@@ -355,8 +360,9 @@ suite_quality() {
   build kvarn-eval $(runner_targets)
   [ -n "$(runner_targets)" ] || fail "the runner was not configured (python3 cannot import torch)"
   run_ctest quality strict -L runner -R '^Quality'
-  budgeted_sweep configs/quality_gpu.yaml ${KVARN_QUALITY_BUDGET_S:-1500}
-  note "sweep configs/quality_gpu.yaml rc=$rc (124: stopped after ${left}s) -> $rd"
+  local config=${KVARN_QUALITY_CONFIG:-configs/quality_gpu.yaml}
+  budgeted_sweep "$config" ${KVARN_QUALITY_BUDGET_S:-1500}
+  note "sweep $config rc=$rc (124: stopped after ${left}s) -> $rd"
   du -sh "${rd}quality" 2>/dev/null | sed 's/^/fp16 log-probs: /'
   python3 - "${rd}summary.jsonl" <<'PY'
 import json, sys
@@ -373,6 +379,41 @@ for (m, d) in dict.fromkeys((r["method"], r["data"]) for r in rows if r["scope"]
     cells = [val.get((m, d, w)) for w in want]
     print(m.ljust(20) + d.ljust(30) + ("%.3f" % eff).rjust(9) +
           "".join(("%.4g" % c if isinstance(c, (int, float)) else "-").rjust(14) for c in cells))
+PY
+}
+
+# Passkey on CUDA (configs/retrieval_gpu.yaml; KVARN_RETRIEVAL_BUDGET_S, default 480, bounds the
+# sweep; finished cases are kept and a stopped sweep resumes).
+suite_retrieval() {
+  build kvarn-eval $(runner_targets)
+  [ -n "$(runner_targets)" ] || fail "the runner was not configured (python3 cannot import torch)"
+  grep -q '^KVARN_PCRE2_FOUND:INTERNAL=1' $B/CMakeCache.txt ||
+    { fail "the runner was built without its tokenizer (libpcre2-dev): passkey prompts are text"; finish; }
+  run_ctest retrieval strict -L runner -R '^(Passkey|Induction|BinomialInterval)\.'
+  budgeted_sweep configs/retrieval_gpu.yaml ${KVARN_RETRIEVAL_BUDGET_S:-480}
+  note "sweep configs/retrieval_gpu.yaml rc=$rc (124: stopped after ${left}s) -> $rd"
+  python3 - "${rd}summary.jsonl" <<'PY'
+import json, sys
+try:
+    rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+except OSError:
+    sys.exit("no summary.jsonl: the sweep did not finish")
+def pick(metric):
+    return [r for r in rows if r["metric"] == metric]
+acc, lo, hi = (pick("retrieval.passkey." + m) for m in ("accuracy", "ci_low", "ci_high"))
+cols = sorted({r["length"] for r in acc if "length" in r})
+print("method".ljust(20) + "eff.bits".rjust(9) + "".join(("acc L=%d" % c).rjust(12) for c in cols) +
+      "all [95% CI]".rjust(24))
+for m in dict.fromkeys(r["method"] for r in acc):
+    cells = []
+    for c in cols:  # mean over the depth cells (equal trials per cell)
+        v = [r["value"] for r in acc if r["method"] == m and r.get("length") == c]
+        cells.append("%.3f" % (sum(v) / len(v)) if v else "-")
+    tot = [(a["value"], l["value"], h["value"], a["effective_bits"]) for a, l, h in zip(acc, lo, hi)
+           if a["method"] == m and "length" not in a]
+    all_ = "%.3f [%.2f, %.2f]" % tot[0][:3] if tot else "-"
+    eff = "%.3f" % tot[0][3] if tot else "-"
+    print(m.ljust(20) + eff.rjust(9) + "".join(x.rjust(12) for x in cells) + all_.rjust(24))
 PY
 }
 
