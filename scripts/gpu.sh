@@ -325,6 +325,28 @@ budgeted_sweep() {  # config budget_s
   [ "$rc" = 0 ] || status=1
 }
 
+# The same with the cases spread over `shards` processes on the one GPU (a small model leaves it
+# mostly idle), each on nproc/shards CPU threads, merged into $OUT/run/merged (docs/scale-out.md).
+sharded_sweep() {  # config budget_s shards
+  local config=$1 n=$3 run_dir="$OUT/run" i pids=() shard_rc=0
+  [ "$n" -gt 1 ] || { budgeted_sweep "$config" "$2"; return; }
+  left=$(($2 - SECONDS))
+  [ $left -lt 60 ] && left=60
+  for ((i = 0; i < n; i++)); do
+    OMP_NUM_THREADS=$(($(nproc) / n > 0 ? $(nproc) / n : 1)) timeout $left \
+      $B/bin/kvarn-eval sweep "$config" --set output="$run_dir" --shard "$i/$n" \
+      >"$OUT/sweep_shard$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i" || shard_rc=$?; done
+  cat "$OUT"/sweep_shard*.log >>"$OUT/sweep.log"
+  $B/bin/kvarn-eval merge "$run_dir/merged" "$run_dir"/*-shard-*-of-"$n" >>"$OUT/sweep.log" 2>&1
+  rc=$?
+  [ "$rc" = 0 ] && rc=$shard_rc
+  rd="$run_dir/merged/"
+  [ "$rc" = 0 ] || status=1
+}
+
 suite_accumulation() {
   build kvarn-eval $(runner_targets)
   [ -n "$(runner_targets)" ] || fail "the runner was not configured (python3 cannot import torch)"
@@ -383,14 +405,16 @@ PY
 }
 
 # Passkey on CUDA (configs/retrieval_gpu.yaml; KVARN_RETRIEVAL_BUDGET_S, default 480, bounds the
-# sweep; finished cases are kept and a stopped sweep resumes).
+# sweep; finished cases are kept and a stopped sweep resumes; KVARN_RETRIEVAL_SHARDS=n runs the
+# cases as n shard processes side by side, merged).
 suite_retrieval() {
   build kvarn-eval $(runner_targets)
   [ -n "$(runner_targets)" ] || fail "the runner was not configured (python3 cannot import torch)"
   grep -q '^KVARN_PCRE2_FOUND:INTERNAL=1' $B/CMakeCache.txt ||
     { fail "the runner was built without its tokenizer (libpcre2-dev): passkey prompts are text"; finish; }
   run_ctest retrieval strict -L runner -R '^(Passkey|Induction|BinomialInterval)\.'
-  budgeted_sweep configs/retrieval_gpu.yaml ${KVARN_RETRIEVAL_BUDGET_S:-480}
+  sharded_sweep configs/retrieval_gpu.yaml ${KVARN_RETRIEVAL_BUDGET_S:-480} \
+    ${KVARN_RETRIEVAL_SHARDS:-1}
   note "sweep configs/retrieval_gpu.yaml rc=$rc (124: stopped after ${left}s) -> $rd"
   python3 - "${rd}summary.jsonl" <<'PY'
 import json, sys
@@ -398,19 +422,23 @@ try:
     rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 except OSError:
     sys.exit("no summary.jsonl: the sweep did not finish")
+import re
 def pick(metric):
     return [r for r in rows if r["metric"] == metric]
+def length(r):  # the cell rows' data is "<model>/L=<tokens>/depth=<d>"
+    m = re.search(r"/L=(\d+)/", r["data"])
+    return int(m.group(1)) if m else None
 acc, lo, hi = (pick("retrieval.passkey." + m) for m in ("accuracy", "ci_low", "ci_high"))
-cols = sorted({r["length"] for r in acc if "length" in r})
+cols = sorted({length(r) for r in acc} - {None})
 print("method".ljust(20) + "eff.bits".rjust(9) + "".join(("acc L=%d" % c).rjust(12) for c in cols) +
       "all [95% CI]".rjust(24))
 for m in dict.fromkeys(r["method"] for r in acc):
     cells = []
     for c in cols:  # mean over the depth cells (equal trials per cell)
-        v = [r["value"] for r in acc if r["method"] == m and r.get("length") == c]
+        v = [r["value"] for r in acc if r["method"] == m and length(r) == c]
         cells.append("%.3f" % (sum(v) / len(v)) if v else "-")
     tot = [(a["value"], l["value"], h["value"], a["effective_bits"]) for a, l, h in zip(acc, lo, hi)
-           if a["method"] == m and "length" not in a]
+           if a["method"] == m and length(a) is None]
     all_ = "%.3f [%.2f, %.2f]" % tot[0][:3] if tot else "-"
     eff = "%.3f" % tot[0][3] if tot else "-"
     print(m.ljust(20) + eff.rjust(9) + "".join(x.rjust(12) for x in cells) + all_.rjust(24))

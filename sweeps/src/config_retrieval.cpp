@@ -66,13 +66,6 @@ void parse_passkey(const Ctx& c, const YAML::Node& n, const fs::path& config_pat
     p.lengths =
         get_int_list(c, n["lengths"], "retrieval.passkey.lengths", config_key(kPasskey, "lengths"));
   }
-  for (std::size_t i = 0; i < p.lengths.size(); ++i) {
-    if (p.lengths[i] > p.model.max_position_embeddings) {
-      c.fail_at(n["lengths"].IsDefined() ? n["lengths"] : n, "retrieval.passkey.lengths",
-                std::to_string(p.lengths[i]) + " tokens exceed " + p.model.name +
-                    "'s max_position_embeddings " + std::to_string(p.model.max_position_embeddings));
-    }
-  }
   if (const YAML::Node d = n["depths"]; d.IsDefined()) {
     if (!d.IsSequence() || d.size() == 0)
       c.fail_at(d, "retrieval.passkey.depths", "expected a non-empty list of numbers in [0, 1]");
@@ -89,6 +82,17 @@ void parse_passkey(const Ctx& c, const YAML::Node& n, const fs::path& config_pat
   read_int(c, n, kPasskey, config_key(kPasskey, "trials"), p.trials);
   read_int(c, n, kPasskey, config_key(kPasskey, "digits"), p.digits);
   read_int(c, n, kPasskey, config_key(kPasskey, "decode_steps"), p.decode_steps);
+  // The answer's tokens are fed back at positions length .. length + decode_steps - 2.
+  for (std::size_t i = 0; i < p.lengths.size(); ++i) {
+    const long long last = static_cast<long long>(p.lengths[i]) + p.decode_steps - 1;
+    if (last > p.model.max_position_embeddings) {
+      c.fail_at(n["lengths"].IsDefined() ? n["lengths"] : n, "retrieval.passkey.lengths",
+                std::to_string(p.lengths[i]) + " tokens + " + std::to_string(p.decode_steps) +
+                    " decode steps need " + std::to_string(last) + " positions, more than " +
+                    p.model.name + "'s max_position_embeddings " +
+                    std::to_string(p.model.max_position_embeddings));
+    }
+  }
   if (n["chat"].IsDefined()) p.chat = get_bool(c, n["chat"], "retrieval.passkey.chat");
   read_string(c, n, kPasskey, "intro", p.intro);
   read_string(c, n, kPasskey, "needle", p.needle);

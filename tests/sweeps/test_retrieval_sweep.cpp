@@ -135,6 +135,9 @@ TEST_F(RetrievalSweep, BadBlocksNameTheKey) {
   EXPECT_NE(
       error_of(with("lengths: [96, 160]", "lengths: [100000]")).find("max_position_embeddings"),
       std::string::npos);
+  // A prompt of exactly max_position_embeddings leaves no position for the answer's tokens.
+  EXPECT_NE(error_of(with("lengths: [96, 160]", "lengths: [1024]")).find("need 1027 positions"),
+            std::string::npos);
   EXPECT_NE(error_of(block("    needle: no key here\n")).find("{key}"), std::string::npos);
   EXPECT_NE(error_of(block("", "  current_token: later\n")).find("retrieval.current_token"),
             std::string::npos);
