@@ -404,7 +404,7 @@ for (m, d) in dict.fromkeys((r["method"], r["data"]) for r in rows if r["scope"]
 PY
 }
 
-# Passkey on CUDA (configs/retrieval_gpu.yaml; KVARN_RETRIEVAL_BUDGET_S, default 480, bounds the
+# Passkey on CUDA (configs/retrieval_gpu.yaml; KVARN_RETRIEVAL_BUDGET_S, default 900, bounds the
 # sweep; finished cases are kept and a stopped sweep resumes; KVARN_RETRIEVAL_SHARDS=n runs the
 # cases as n shard processes side by side, merged).
 suite_retrieval() {
@@ -413,7 +413,7 @@ suite_retrieval() {
   grep -q '^KVARN_PCRE2_FOUND:INTERNAL=1' $B/CMakeCache.txt ||
     { fail "the runner was built without its tokenizer (libpcre2-dev): passkey prompts are text"; finish; }
   run_ctest retrieval strict -L runner -R '^(Passkey|Induction|BinomialInterval)\.'
-  sharded_sweep configs/retrieval_gpu.yaml ${KVARN_RETRIEVAL_BUDGET_S:-480} \
+  sharded_sweep configs/retrieval_gpu.yaml ${KVARN_RETRIEVAL_BUDGET_S:-900} \
     ${KVARN_RETRIEVAL_SHARDS:-1}
   note "sweep configs/retrieval_gpu.yaml rc=$rc (124: stopped after ${left}s) -> $rd"
   python3 - "${rd}summary.jsonl" <<'PY'
