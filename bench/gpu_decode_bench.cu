@@ -1,5 +1,6 @@
 // H200 decode benchmarks: device read/copy bandwidth (the roofline), KVarN store throughput, and
-// the paged decode sweep (KVarN k4v2/k4v4, FP16, FP8, TurboQuant 4bit_nc / 3bit_nc / k8v4).
+// the paged decode sweep (KVarN k4v2/k4v4, FP16, FP8, TurboQuant 4bit_nc / 3bit_nc / k8v4), fixed
+// split counts at batch 1 (splits/) and each KVarN G 128 warp count per CTA (warps/).
 // Manual timing with CUDA events, median of repetitions. Before every timed repetition the L2 is
 // flushed by READING a buffer of three times its size (a memset would leave dirty lines whose
 // write-back lands in the timed kernel). Everything runs on one created stream; each decode step
@@ -251,6 +252,7 @@ struct DecodeCaseB {
   std::string fmt;  // k4v2 k4v4 fp16 fp8 tq4 tq3 tqk8v4
   int hq, hkv, batch, ctx;
   int splits = 0;  // 0: decode_num_splits' choice
+  int warps = 0;   // KVarN G 128 warps per CTA; 0: paged_decode's choice
 };
 
 // One region of the cache: random content for timing, constant content for the closed form.
@@ -476,6 +478,7 @@ void BM_Decode(benchmark::State& st, const DecodeCaseB& c) {
   s.p.num_kv_heads = c.hkv;
   s.p.head_dim = kHeadDim;
   s.p.num_splits = c.splits;
+  s.p.warps = c.warps;
   if (c.fmt.rfind("tq", 0) == 0) {
     setup_tq(s, c);
   } else {
@@ -526,8 +529,20 @@ void BM_Decode(benchmark::State& st, const DecodeCaseB& c) {
   st.counters["TBps"] = bytes / t * 1e-12;
   st.counters["fp16_kv_bytes"] = static_cast<double>(c.batch) * c.hkv * c.ctx * kHeadDim * 4.0;
   st.counters["splits"] = kvarn::cuda::decode_num_splits(s.p);
+  st.counters["warps"] = kvarn::cuda::decode_num_warps(s.p);
   st.counters["closed_form_max_err"] = err;
   st.counters["flush_bytes"] = static_cast<double>(flush_bytes());
+}
+
+// BM_Decode while the sweep's time budget (KVARN_BENCH_BUDGET_S) lasts; a skip after it.
+void BM_DecodeBudgeted(benchmark::State& st, const DecodeCaseB& c) {
+  if (elapsed_s() > budget_s()) {
+    st.SkipWithError("time budget exhausted");
+    for (auto _ : st) {
+    }
+    return;
+  }
+  BM_Decode(st, c);
 }
 
 }  // namespace
@@ -562,15 +577,7 @@ int main(int argc, char** argv) {
           reg(std::string("decode/") + f + "/hq" + std::to_string(hq) + "/hkv" +
                   std::to_string(hkv) + "/b" + std::to_string(batch) + "/ctx" +
                   std::to_string(ctx),
-              [c](benchmark::State& s) {
-                if (elapsed_s() > budget_s()) {
-                  s.SkipWithError("time budget exhausted");
-                  for (auto _ : s) {
-                  }
-                  return;
-                }
-                BM_Decode(s, c);
-              });
+              [c](benchmark::State& s) { BM_DecodeBudgeted(s, c); });
         }
   // Split count at batch 1 (few CTAs, many splits): fixed counts next to the automatic one.
   for (const char* f : {"fp16", "k4v2", "tq4"})
@@ -582,6 +589,16 @@ int main(int argc, char** argv) {
                 std::to_string(splits),
             [c](benchmark::State& s) { BM_Decode(s, c); });
       }
+  // KVarN G 128 on each compiled warp count per CTA, next to the automatic choice (decode/).
+  for (const char* f : {"k4v2", "k4v4"})
+    for (int batch : {1, 8, 32})
+      for (int ctx : {2048, 4096, 16384, 32768, 131072})
+        for (int warps : {1, 2}) {
+          const DecodeCaseB c{f, 32, 8, batch, ctx, 0, warps};
+          reg(std::string("warps/") + f + "/hq32/hkv8/b" + std::to_string(batch) + "/ctx" +
+                  std::to_string(ctx) + "/w" + std::to_string(warps),
+              [c](benchmark::State& s) { BM_DecodeBudgeted(s, c); });
+        }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

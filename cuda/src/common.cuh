@@ -246,6 +246,18 @@ __device__ __forceinline__ std::uint32_t codes_raw(std::uint32_t x, std::uint32_
       : "r"(x), "n"(kMask | (kMask << 16)), "r"(magic));
   return r;
 }
+// codes_raw of field i % kPack of a byte holding kPack fields: i is a constant once the caller's
+// loop is unrolled, so this folds to the one lop3 of that field.
+template <int kBits, int kPack>
+__device__ __forceinline__ std::uint32_t codes_raw_at(std::uint32_t x, int i,
+                                                      std::uint32_t magic) {
+  static_assert(kPack >= 1 && kPack <= 4, "at most four fields per byte");
+  const int f = i % kPack;
+  if (f == 0) return codes_raw<kBits, 0>(x, magic);
+  if (f == 1) return codes_raw<kBits, 1>(x, magic);
+  if (f == 2) return codes_raw<kBits, 2>(x, magic);
+  return codes_raw<kBits, 3>(x, magic);
+}
 
 // kBytes (1, 2, 4, 8, 16 or 32; aligned) from shared memory into 32-bit words.
 template <int kBytes>

@@ -39,12 +39,25 @@ KvFormat kernel_format(DecodeFormat f) {
                                     : KvFormat::kFp8;
 }
 
-// Warps per split CTA: each writes its own workspace split.
-int split_warps(const DecodeProblem& p) {
-  return p.format == DecodeFormat::kTurboQuant
-             ? 1
-             : decode_warps(kernel_format(p.format), p.block_size);
+// KVarN G 128 warps per CTA (both compiled; H200 numbers in docs/PERFORMANCE.md): p.warps when
+// set; else 2 when the cache holds at most kFewRecordsPerSm records per SM (batch 1 at 2K-4K:
+// each record's latency is what is left and two warps halve it, k4v2 13.9 -> 12.7 us at 2K);
+// else the table's count for the bit pair, except that past kManyWarpSplits one-warp splits
+// (batch 1 from 32K) two warps lose (they write twice the partial outputs the combine loops
+// over: k4v4 batch 1 x 32K 30.0 -> 32.8 us), so one.
+int g128_warps(const DecodeProblem& p) {
+  if (p.warps > 0) return p.warps;
+  constexpr long long kFewRecordsPerSm = 2;
+  constexpr int kManyWarpSplits = 32;
+  const long long records =
+      static_cast<long long>(p.batch) * p.num_kv_heads * std::max(p.max_blocks, 0);
+  if (records <= kFewRecordsPerSm * sm_count()) return 2;
+  if (decode_table_warps(DecodeFormat::kKvarn, p.kvarn.key_bits, p.kvarn.value_bits) != 2) return 1;
+  DecodeProblem one = p;
+  one.warps = 1;
+  return decode_num_splits(one) > kManyWarpSplits ? 1 : 2;
 }
+
 
 long long record_bytes_of(const DecodeProblem& p) {
   if (p.format != DecodeFormat::kKvarn) return 0;
@@ -78,7 +91,7 @@ namespace detail {
 
 bool launch_decode_instance(KvFormat f, int kb, int vb, const DecodeArgs& a, const LaunchShape& s,
                             cudaStream_t st) {
-#define KVARN_DECODE_DISPATCH_(format, KB, VB, unit)              \
+#define KVARN_DECODE_DISPATCH_(format, KB, VB, unit, warps)       \
   if (f == KvFormat::format && kb == KB && vb == VB) {          \
     launch_decode<KvFormat::format, KB, VB>(a, s, st);          \
     return true;                                                \
@@ -113,13 +126,13 @@ int resident_ctas(const DecodeProblem& p) {
   int n = 0;
   DecodeArgs a{};
   const KvFormat f = kernel_format(p.format);
-  const int g = p.block_size;
+  const int w = decode_num_warps(p);
   a.stage_bytes = f == KvFormat::kKvarn
-                      ? detail::stage_bytes_for<KvFormat::kKvarn>(p.head_dim, g, record_bytes_of(p))
+                      ? detail::stage_bytes_for<KvFormat::kKvarn>(p.head_dim, w, record_bytes_of(p))
                   : f == KvFormat::kFp16
-                      ? detail::stage_bytes_for<KvFormat::kFp16>(p.head_dim, g, 0)
-                      : detail::stage_bytes_for<KvFormat::kFp8>(p.head_dim, g, 0);
-  detail::LaunchShape s{p.head_dim, p.block_size, 1, 1, 1, &n};
+                      ? detail::stage_bytes_for<KvFormat::kFp16>(p.head_dim, w, 0)
+                      : detail::stage_bytes_for<KvFormat::kFp8>(p.head_dim, w, 0);
+  detail::LaunchShape s{p.head_dim, p.block_size, 1, 1, 1, w, &n};
   const bool kv = f == KvFormat::kKvarn;
   if (!detail::launch_decode_instance(f, kv ? p.kvarn.key_bits : 8, kv ? p.kvarn.value_bits : 8,
                                       a, s, nullptr))
@@ -137,17 +150,18 @@ int resident_ctas(const DecodeProblem& p) {
 int decode_num_splits(const DecodeProblem& p) {
   if (p.num_splits > 0) return p.num_splits;
   const bool tq = p.format == DecodeFormat::kTurboQuant;
+  const int warps = decode_num_warps(p);
   const int smem = tq ? detail::tq_smem_bytes(tq_slot(p))
-                      : detail::decode_smem_bytes(kernel_format(p.format), p.head_dim,
-                                                  p.block_size, record_bytes_of(p));
+                      : detail::decode_smem_bytes(kernel_format(p.format), p.head_dim, warps,
+                                                  record_bytes_of(p));
   // TurboQuant: __launch_bounds__(32, 16) caps the registers at 16 CTAs per SM
   // Per device and kernel instantiation (and record layout); asked once per key: this runs on
   // every decode step.
-  static thread_local std::map<std::array<int, 7>, int> cache;
-  const std::array<int, 7> key = {current_device(),       static_cast<int>(p.format),
+  static thread_local std::map<std::array<int, 8>, int> cache;
+  const std::array<int, 8> key = {current_device(),       static_cast<int>(p.format),
                                   p.head_dim,             p.block_size,
                                   p.kvarn.key_bits,       p.kvarn.value_bits,
-                                  static_cast<int>(p.kvarn.scales)};
+                                  static_cast<int>(p.kvarn.scales), warps};
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, resident_ctas(p)).first;
   const int resident = it->second;
@@ -174,9 +188,15 @@ int decode_num_splits(const DecodeProblem& p) {
   return static_cast<int>(std::clamp<long long>(s, 1, 1024));
 }
 
+int decode_num_warps(const DecodeProblem& p) {
+  if (p.format == DecodeFormat::kTurboQuant) return 1;
+  const KvFormat f = kernel_format(p.format);
+  return decode_warps(f, p.block_size, f == KvFormat::kKvarn ? g128_warps(p) : 1);
+}
+
 std::size_t decode_workspace_bytes(const DecodeProblem& p) {
   const std::size_t rows = static_cast<std::size_t>(p.batch) * p.num_q_heads;
-  const std::size_t s = static_cast<std::size_t>(decode_num_splits(p)) * split_warps(p);
+  const std::size_t s = static_cast<std::size_t>(decode_num_splits(p)) * decode_num_warps(p);
   return rows * s * (static_cast<std::size_t>(p.head_dim) + 1) * sizeof(float);
 }
 
@@ -186,6 +206,14 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
   KVARN_CHECK(p.num_q_heads / p.num_kv_heads <= kDecodeHeads, "paged_decode: Hq / Hkv = ",
               p.num_q_heads / p.num_kv_heads, " > ", kDecodeHeads);
   KVARN_CHECK(b.workspace != nullptr, "paged_decode: workspace required");
+  // An explicit warp count must be one that is compiled: 1 or 2 for KVarN G 128, else the fixed one.
+  KVARN_CHECK(p.warps == 0 || ((p.warps == 1 || p.warps == 2) &&
+                               p.warps == (p.format == DecodeFormat::kTurboQuant
+                                               ? 1
+                                               : decode_warps(kernel_format(p.format),
+                                                              p.block_size, p.warps))),
+              "paged_decode: warps ", p.warps,
+              " not compiled for this format and block size (0: automatic)");
   if (p.batch == 0) return;
   // cp.async copies and float4 workspace stores read/write 16 bytes; q is read as half2
   for (const auto& [ptr, what, align] :
@@ -230,7 +258,7 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
     detail::fill_tq_tables(p.head_dim, c.key_bits, t);
     t.o_part = static_cast<float*>(b.workspace);
     t.lse = t.o_part + static_cast<std::size_t>(p.batch) * p.num_q_heads * splits * p.head_dim;
-    detail::LaunchShape s{p.head_dim, p.block_size, splits, p.batch, p.num_kv_heads};
+    detail::LaunchShape s{p.head_dim, p.block_size, splits, p.batch, p.num_kv_heads, 1};
     detail::launch_turboquant(c.key_bits, c.value_bits, t, p.head_dim, s, stream);
     launch_combine(p, t.o_part, t.lse, splits, out_rot, b.out, stream);
     return;
@@ -253,9 +281,10 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
   a.qk_scale = sm_scale * 1.4426950408889634f;
   a.code_magic = 0x64006400u;
   a.o_part = static_cast<float*>(b.workspace);
-  const int ws_splits = splits * split_warps(p);  // workspace splits (one per warp)
+  const int warps = decode_num_warps(p);
+  const int ws_splits = splits * warps;  // workspace splits (one per warp)
   a.lse = a.o_part + static_cast<std::size_t>(p.batch) * p.num_q_heads * ws_splits * p.head_dim;
-  detail::LaunchShape s{p.head_dim, p.block_size, splits, p.batch, p.num_kv_heads};
+  detail::LaunchShape s{p.head_dim, p.block_size, splits, p.batch, p.num_kv_heads, warps};
   if (p.format == DecodeFormat::kKvarn) {
     const KvarnConfig& c = p.kvarn;
     KVARN_CHECK(c.group == p.block_size, "paged_decode: block_size must equal the KVarN group");
@@ -278,8 +307,7 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
     a.s_col_v = static_cast<int>(lay.s_col_v);
     a.s_row_v = static_cast<int>(lay.s_row_v);
     a.zp_v = static_cast<int>(lay.zp_v);
-    a.stage_bytes =
-        detail::stage_bytes_for<KvFormat::kKvarn>(p.head_dim, p.block_size, a.record_bytes);
+    a.stage_bytes = detail::stage_bytes_for<KvFormat::kKvarn>(p.head_dim, warps, a.record_bytes);
     KVARN_CHECK(detail::launch_decode_instance(KvFormat::kKvarn, c.key_bits, c.value_bits, a, s,
                                                stream),
                 "paged_decode: KVarN k", c.key_bits, "v", c.value_bits, " not compiled (",
@@ -287,10 +315,9 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
   } else {
     a.rot_scale = 0.0f;
     const KvFormat f = kernel_format(p.format);
-    const int g = p.block_size;
     a.stage_bytes = f == KvFormat::kFp16
-                        ? detail::stage_bytes_for<KvFormat::kFp16>(p.head_dim, g, 0)
-                        : detail::stage_bytes_for<KvFormat::kFp8>(p.head_dim, g, 0);
+                        ? detail::stage_bytes_for<KvFormat::kFp16>(p.head_dim, warps, 0)
+                        : detail::stage_bytes_for<KvFormat::kFp8>(p.head_dim, warps, 0);
     KVARN_CHECK(detail::launch_decode_instance(f, 8, 8, a, s, stream),
                 "paged_decode: format not compiled");
   }

@@ -15,10 +15,11 @@
 // Workspace: o_part [batch, Hq, S W, D] f32 (normalized by the split's l), lse [batch, Hq, S W]
 //   f32 (log2 domain, -inf for an empty split); W = DecodeTraits::kWarps (warps per CTA).
 //
-// Split kernel: grid (S, Hkv, batch), W warps per CTA: W = 1 (KVarN G 32 and 128; no block
-// barriers: the record's per-record work, q'' and the output update, is done once per record) or
-// 2 (FP16, FP8, KVarN G 64: the two warps share the stages, one barrier per item, and split
-// each record's tokens and each row item's rows in halves). A warp serves the query-head group of
+// Split kernel: grid (S, Hkv, batch), W warps per CTA: W = 1 (KVarN G 32; no block barriers: the
+// record's per-record work, q'' and the output update, is done once per record), 2 (FP16, FP8,
+// KVarN G 64: the two warps share the stages, one barrier per item, and split each record's
+// tokens and each row item's rows in halves), KVarN G 128: 1 or 2, both compiled, chosen per
+// problem by the host (decode_num_warps). A warp serves the query-head group of
 // its KV head (padded to N = 8 heads: the mma N dimension) and logical blocks
 // [s * ceil(nb / S), (s + 1) * ceil(nb / S)) of its sequence.
 // Work items stream through kStages shared-memory stages (kStages - 1 ahead):
@@ -92,16 +93,17 @@ struct DecodeArgs {
   float* lse;
 };
 
-// Warps per CTA of the split kernel (see the header comment); host and device use this.
-__host__ __device__ constexpr int decode_warps(KvFormat f, int group) {
-  return f != KvFormat::kKvarn || group == 64 ? 2 : 1;
+// Warps per CTA of the split kernel (see the header comment): `g128_warps` (1 or 2) is the host's
+// choice for KVarN G 128, the only case compiled both ways.
+__host__ __device__ constexpr int decode_warps(KvFormat f, int group, int g128_warps) {
+  return f != KvFormat::kKvarn || group == 64 ? 2 : group == 128 ? g128_warps : 1;
 }
 
-template <int D, int G, KvFormat F, int KB, int VB>
+template <int D, int G, KvFormat F, int KB, int VB, int W>
 struct DecodeTraits {
   static constexpr int kKSteps = D / 16;  // QK k-steps == PV M-tiles
   static constexpr int kElem = F == KvFormat::kFp8 ? 1 : 2;
-  static constexpr int kWarps = decode_warps(F, G);  // warps per CTA (header comment)
+  static constexpr int kWarps = W;  // warps per CTA (header comment)
   // tokens per row item: 16 per warp for KVarN (its pool holds only sink and tail), 32 otherwise
   static constexpr int kRowTok = F == KvFormat::kKvarn ? 16 * kWarps : 32;
   static constexpr int kRowMT = kRowTok / 16;
@@ -129,15 +131,13 @@ struct DecodeTraits {
   static_assert(F != KvFormat::kKvarn || (kTok / 8) % kPackK == 0, "K code packing");
 };
 
-// Host-visible row item size of a format and group (the stage is max(record, row item)).
+// Host-visible row item size of a format with `warps` warps per CTA (the stage is
+// max(record, row item)); it depends on the warps, not on the group.
 template <int D, KvFormat F>
-constexpr int row_item_bytes(int group) {
-  return decode_warps(F, group) == 2 ? DecodeTraits<D, 64, F, 8, 8>::kRowItemBytes
-                                     : DecodeTraits<D, 32, F, 8, 8>::kRowItemBytes;
+constexpr int row_item_bytes(int warps) {
+  return warps == 2 ? DecodeTraits<D, 64, F, 8, 8, 2>::kRowItemBytes
+                    : DecodeTraits<D, 32, F, 8, 8, 1>::kRowItemBytes;
 }
-static_assert(decode_warps(KvFormat::kKvarn, 64) == 2 && decode_warps(KvFormat::kKvarn, 32) == 1 &&
-                  decode_warps(KvFormat::kFp16, 64) == 2 && decode_warps(KvFormat::kFp8, 64) == 2,
-              "row_item_bytes takes G 64 / G 32 as the 2 / 1-warp representatives");
 
 namespace detail {
 
@@ -217,11 +217,11 @@ __device__ __forceinline__ int q_channel(int s, int c, int e) {
 
 }  // namespace detail
 
-template <int D, int G, KvFormat F, int KB, int VB>
-__global__ void __launch_bounds__(32 * DecodeTraits<D, G, F, KB, VB>::kWarps,
-                                  DecodeTraits<D, G, F, KB, VB>::kMinCtas)
+template <int D, int G, KvFormat F, int KB, int VB, int W>
+__global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMinCtas)
     paged_decode_kernel(DecodeArgs a) {
-  using T = DecodeTraits<D, G, F, KB, VB>;
+  using T = DecodeTraits<D, G, F, KB, VB, W>;
+  static_assert(W == decode_warps(F, G, W), "warps per CTA of this format and group");
   constexpr int KS = T::kKSteps;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   static_assert(T::kStages <= 4, "desc + mbarriers fit the 128-byte header");
@@ -425,19 +425,8 @@ __global__ void __launch_bounds__(32 * DecodeTraits<D, G, F, KB, VB>::kWarps,
             const int i = 2 * m + e, j = i / T::kPackK;
             const std::uint32_t x0 = __byte_perm(w0[j / 4], w1[j / 4], detail::pair_sel(j % 4));
             const std::uint32_t x1 = __byte_perm(w2[j / 4], w3[j / 4], detail::pair_sel(j % 4));
-            if (i % T::kPackK == 0) {
-              af[e] = codes_raw<KB, 0>(x0, magic);
-              af[2 + e] = codes_raw<KB, 0>(x1, magic);
-            } else if (i % T::kPackK == 1) {
-              af[e] = codes_raw<KB, 1>(x0, magic);
-              af[2 + e] = codes_raw<KB, 1>(x1, magic);
-            } else if (i % T::kPackK == 2) {
-              af[e] = codes_raw<KB, 2>(x0, magic);
-              af[2 + e] = codes_raw<KB, 2>(x1, magic);
-            } else {
-              af[e] = codes_raw<KB, 3>(x0, magic);
-              af[2 + e] = codes_raw<KB, 3>(x1, magic);
-            }
+            af[e] = codes_raw_at<KB, T::kPackK>(x0, i, magic);
+            af[2 + e] = codes_raw_at<KB, T::kPackK>(x1, i, magic);
           }
           mma_16816(sc[m], af, kb[s]);
         }
@@ -543,19 +532,8 @@ __global__ void __launch_bounds__(32 * DecodeTraits<D, G, F, KB, VB>::kWarps,
               const int i = 2 * mt + e, j = i / T::kPackV;
               const std::uint32_t x0 = __byte_perm(u0[j / 4], u1[j / 4], detail::pair_sel(j % 4));
               const std::uint32_t x1 = __byte_perm(u2[j / 4], u3[j / 4], detail::pair_sel(j % 4));
-              if (i % T::kPackV == 0) {
-                af[e] = codes_raw<VB, 0>(x0, magic);
-                af[2 + e] = codes_raw<VB, 0>(x1, magic);
-              } else if (i % T::kPackV == 1) {
-                af[e] = codes_raw<VB, 1>(x0, magic);
-                af[2 + e] = codes_raw<VB, 1>(x1, magic);
-              } else if (i % T::kPackV == 2) {
-                af[e] = codes_raw<VB, 2>(x0, magic);
-                af[2 + e] = codes_raw<VB, 2>(x1, magic);
-              } else {
-                af[e] = codes_raw<VB, 3>(x0, magic);
-                af[2 + e] = codes_raw<VB, 3>(x1, magic);
-              }
+              af[e] = codes_raw_at<VB, T::kPackV>(x0, i, magic);
+              af[2 + e] = codes_raw_at<VB, T::kPackV>(x1, i, magic);
             }
             mma_16816(co[mt], af, pb[m]);
           }

@@ -38,52 +38,66 @@ class DeviceSmemLimit {
 
 struct LaunchShape {
   int head_dim, group, num_splits, batch, num_kv_heads;
+  int warps;  // warps per CTA: decode_warps(format, group, the host's G 128 choice)
   int* ctas_per_sm = nullptr;  // set: report the kernel's resident CTAs per SM, launch nothing
 };
 
 // Bytes of one pipeline stage and of the kernel's dynamic shared memory.
 inline int round128(long long x) { return static_cast<int>((x + 127) / 128 * 128); }
+// (warps: per CTA, decode_warps of the problem; the row item holds 16 tokens per warp for KVarN)
 template <KvFormat F>
-int stage_bytes_for(int head_dim, int group, long long record_bytes) {
+int stage_bytes_for(int head_dim, int warps, long long record_bytes) {
   int row = 0;
-  DISPATCH_HEAD_DIM(head_dim, kD, { row = row_item_bytes<kD, F>(group); })
+  DISPATCH_HEAD_DIM(head_dim, kD, { row = row_item_bytes<kD, F>(warps); })
   if constexpr (F == KvFormat::kKvarn) return round128(record_bytes > row ? record_bytes : row);
   return round128(row);
 }
 template <KvFormat F>
 constexpr int stages_for() {
-  return DecodeTraits<128, 128, F, 8, 8>::kStages;
+  return DecodeTraits<128, 64, F, 8, 8, 2>::kStages;  // the same for every group and warp count
 }
-inline int decode_smem_bytes(KvFormat f, int head_dim, int group, long long record_bytes) {
+inline int decode_smem_bytes(KvFormat f, int head_dim, int warps, long long record_bytes) {
   switch (f) {
     case KvFormat::kKvarn:
       return 128 + stages_for<KvFormat::kKvarn>() *
-                       stage_bytes_for<KvFormat::kKvarn>(head_dim, group, record_bytes);
+                       stage_bytes_for<KvFormat::kKvarn>(head_dim, warps, record_bytes);
     case KvFormat::kFp16:
       return 128 + stages_for<KvFormat::kFp16>() *
-                       stage_bytes_for<KvFormat::kFp16>(head_dim, group, record_bytes);
+                       stage_bytes_for<KvFormat::kFp16>(head_dim, warps, record_bytes);
     default:
       return 128 + stages_for<KvFormat::kFp8>() *
-                       stage_bytes_for<KvFormat::kFp8>(head_dim, group, record_bytes);
+                       stage_bytes_for<KvFormat::kFp8>(head_dim, warps, record_bytes);
   }
+}
+
+template <int D, int G, KvFormat F, int KB, int VB, int W>
+void launch_decode_warps(const DecodeArgs& a, const LaunchShape& s, cudaStream_t stream) {
+  const int smem = 128 + DecodeTraits<D, G, F, KB, VB, W>::kStages * a.stage_bytes;
+  auto kernel = paged_decode_kernel<D, G, F, KB, VB, W>;
+  static DeviceSmemLimit smem_set;  // per instantiation and device
+  smem_set.raise(kernel, smem);
+  if (s.ctas_per_sm != nullptr) {  // registers and shared memory both count
+    KVARN_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(s.ctas_per_sm, kernel, 32 * W, smem));
+    return;
+  }
+  kernel<<<dim3(s.num_splits, s.num_kv_heads, s.batch), 32 * W, smem, stream>>>(a);
+  KVARN_CUDA_CHECK_LAUNCH("paged_decode_kernel");
 }
 
 template <KvFormat F, int KB, int VB>
 void launch_decode(const DecodeArgs& a, const LaunchShape& s, cudaStream_t stream) {
   DISPATCH_HEAD_DIM(s.head_dim, kD, {
     DISPATCH_GROUP_DECODE(s.group, kG, {
-      const int smem = 128 + DecodeTraits<kD, kG, F, KB, VB>::kStages * a.stage_bytes;
-      auto kernel = paged_decode_kernel<kD, kG, F, KB, VB>;
-      constexpr int kThreads = 32 * DecodeTraits<kD, kG, F, KB, VB>::kWarps;
-      static DeviceSmemLimit smem_set;  // per instantiation and device
-      smem_set.raise(kernel, smem);
-      if (s.ctas_per_sm != nullptr) {  // registers and shared memory both count
-        KVARN_CUDA_CHECK(
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(s.ctas_per_sm, kernel, kThreads, smem));
-        return;
+      if constexpr (F == KvFormat::kKvarn && kG == 128) {  // both warp counts compiled
+        if (s.warps == 2) {
+          launch_decode_warps<kD, kG, F, KB, VB, 2>(a, s, stream);
+        } else {
+          launch_decode_warps<kD, kG, F, KB, VB, 1>(a, s, stream);
+        }
+      } else {
+        launch_decode_warps<kD, kG, F, KB, VB, decode_warps(F, kG, 1)>(a, s, stream);
       }
-      kernel<<<dim3(s.num_splits, s.num_kv_heads, s.batch), kThreads, smem, stream>>>(a);
-      KVARN_CUDA_CHECK_LAUNCH("paged_decode_kernel");
     })
   })
 }
@@ -107,7 +121,7 @@ bool launch_decode_instance(KvFormat f, int kb, int vb, const DecodeArgs& a, con
                             cudaStream_t st);
 
 // The instantiations live in their units (decode_unit_<unit>.cu): none here.
-#define KVARN_DECODE_EXTERN_(format, kb, vb, unit)                                  \
+#define KVARN_DECODE_EXTERN_(format, kb, vb, unit, warps)                           \
   extern template void launch_decode<KvFormat::format, kb, vb>(const DecodeArgs&, \
                                                                 const LaunchShape&, cudaStream_t);
 KVARN_DECODE_INSTANCES(KVARN_DECODE_EXTERN_)

@@ -18,15 +18,26 @@ void fill_tq_tables(int head_dim, int key_bits, TqDecodeArgs& a) {
 }
 
 namespace {
+template <int D, int KB, int VB, bool NC>
+void launch_tq_nc(const TqDecodeArgs& a, const LaunchShape& s, cudaStream_t stream) {
+  const int smem = 128 + TqTraits<D, KB, VB>::kStages * a.stage_bytes;
+  auto kernel = paged_decode_tq_kernel<D, KB, VB, NC>;
+  static DeviceSmemLimit smem_set;  // per instantiation and device
+  smem_set.raise(kernel, smem);
+  kernel<<<dim3(s.num_splits, s.num_kv_heads, s.batch), 32, smem, stream>>>(a);
+  KVARN_CUDA_CHECK_LAUNCH("paged_decode_tq_kernel");
+}
+
 template <int KB, int VB>
 void launch_tq(const TqDecodeArgs& a, int head_dim, const LaunchShape& s, cudaStream_t stream) {
   DISPATCH_HEAD_DIM(head_dim, kD, {
-    const int smem = 128 + TqTraits<kD, KB, VB>::kStages * a.stage_bytes;
-    auto kernel = paged_decode_tq_kernel<kD, KB, VB>;
-    static DeviceSmemLimit smem_set;  // per instantiation and device
-    smem_set.raise(kernel, smem);
-    kernel<<<dim3(s.num_splits, s.num_kv_heads, s.batch), 32, smem, stream>>>(a);
-    KVARN_CUDA_CHECK_LAUNCH("paged_decode_tq_kernel");
+    if constexpr (KB == 8) {  // fp8 keys: no norm correction (paged_decode refuses nc)
+      launch_tq_nc<kD, KB, VB, false>(a, s, stream);
+    } else if (a.nc) {
+      launch_tq_nc<kD, KB, VB, true>(a, s, stream);
+    } else {
+      launch_tq_nc<kD, KB, VB, false>(a, s, stream);
+    }
   })
 }
 }  // namespace

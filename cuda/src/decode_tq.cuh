@@ -22,7 +22,8 @@
 //     high-byte plane held in 4 (2) registers, prmt looks up four codes at once (bit 3 of a
 //     4-bit code selects the plane half through a prmt sign-replicate mask).
 //     Norm correction: sum_d c^2 per token by one extra mma per k-step on hmul2(A, A) against
-//     a ones B fragment (rows = tokens, all columns equal).
+//     a ones B fragment (rows = tokens, all columns equal); a template parameter (NC), so the
+//     kernel without it carries no branch.
 //   PV: A = value codes^T [channels (M) x tokens (k)], B = P''^T (movmatrix of S^T). Codes
 //     become exact fp16 integers (codes_to_half2: 0x6400 exponent, lop3 + hfma2); row e of an
 //     M-tile holds channel g D/8 + 2 mt + e, code field e of a byte pair. (Keeping 1024 + c in
@@ -123,8 +124,10 @@ __device__ __forceinline__ std::uint32_t hmul2_u32(std::uint32_t a) {
 
 }  // namespace detail
 
-template <int D, int KB, int VB>
+// NC: norm correction (a.nc) as a compile-time flag (Lloyd-Max keys only).
+template <int D, int KB, int VB, bool NC>
 __global__ void __launch_bounds__(32, 16) paged_decode_tq_kernel(TqDecodeArgs a) {
+  static_assert(!NC || KB != 8, "norm correction needs Lloyd-Max keys");
   using T = TqTraits<D, KB, VB>;
   constexpr int KS = T::kKSteps;
   constexpr std::uint32_t kOnes = 0x3C003C00u;
@@ -261,7 +264,7 @@ __global__ void __launch_bounds__(32, 16) paged_decode_tq_kernel(TqDecodeArgs a)
         detail::centroids4<KB>(x0, lo_t, hi_t, af[0], af[2]);
         detail::centroids4<KB>(x1, lo_t, hi_t, af[1], af[3]);
         mma_16816(sc, af, qb[s]);
-        if (a.nc) {
+        if constexpr (NC) {
           const std::uint32_t sq[4] = {detail::hmul2_u32(af[0]), detail::hmul2_u32(af[1]),
                                        detail::hmul2_u32(af[2]), detail::hmul2_u32(af[3])};
           mma_16816(cs, sq, ones_b);
@@ -272,7 +275,7 @@ __global__ void __launch_bounds__(32, 16) paged_decode_tq_kernel(TqDecodeArgs a)
     if constexpr (KB != 8) {
       float f0 = __half2float(__ushort_as_half(static_cast<unsigned short>(detail::lds_u16(k0 + T::kIdxBytes))));
       float f1 = __half2float(__ushort_as_half(static_cast<unsigned short>(detail::lds_u16(k1 + T::kIdxBytes))));
-      if (a.nc) {
+      if constexpr (NC) {
         f0 *= rsqrtf(cs[0] + 1e-16f);
         f1 *= rsqrtf(cs[2] + 1e-16f);
       }

@@ -20,7 +20,7 @@
 
 namespace kvarn::cuda::detail {
 
-#define KVARN_DECODE_INSTANTIATE_(format, kb, vb, unit)                                 \
+#define KVARN_DECODE_INSTANTIATE_(format, kb, vb, unit, warps)                          \
   KVARN_DECODE_IN_##unit(template void launch_decode<KvFormat::format, kb, vb>(       \
       const DecodeArgs&, const LaunchShape&, cudaStream_t);)
 KVARN_DECODE_INSTANCES(KVARN_DECODE_INSTANTIATE_)

@@ -381,6 +381,7 @@ void PagedCache::attend(const std::uint16_t* q, int num_q_heads, std::span<const
   p.kvarn = cfg_.kvarn;
   p.max_blocks = (max_len + g - 1) / g;  // the split heuristic sees the blocks in use
   p.num_splits = decode_num_splits(p);
+  p.warps = decode_num_warps(p);
   p.max_blocks = table_stride_;  // the table's row stride
   workspace_.grow(decode_workspace_bytes(p), stream_, false);
   DecodeBuffers b;

@@ -30,6 +30,7 @@ struct DecodeCase {
   bool fp8_scales = false;
   std::uint64_t seed = 1;
   double max_nmse = 1e-5;
+  int warps = 0;  // KVarN G 128 warps per CTA; 0: automatic
 };
 
 std::string fmt_name(DecodeFormat f) {
@@ -41,6 +42,7 @@ std::string case_name(const DecodeCase& c) {
   if (c.fmt == DecodeFormat::kKvarn) o << "_k" << c.kb << "v" << c.vb;
   o << "_g" << c.g << "_d" << c.d << "_hq" << c.hq << "_hkv" << c.hkv << "_b" << c.batch << "_L"
     << c.max_len << "_s" << c.splits << (c.fp8_scales ? "_fp8sc" : "") << "_seed" << c.seed;
+  if (c.warps > 0) o << "_w" << c.warps;
   return o.str();
 }
 
@@ -164,6 +166,7 @@ TEST_P(PagedDecode, MatchesCpuReference) {
   DeviceBuffer<float> dks(k_scale), dvs(v_scale);
   cuda::DecodeProblem p = decode_problem(c.fmt, c.batch, hq, hkv, d, g, max_blocks, c.splits);
   p.kvarn = cfg;
+  p.warps = c.warps;
   DeviceBuffer<std::uint8_t> ws(cuda::decode_workspace_bytes(p));
   cuda::DecodeBuffers bufs;
   bufs.q = dq.get();
@@ -184,8 +187,18 @@ std::vector<DecodeCase> decode_cases() {
   std::vector<DecodeCase> v;
   using F = DecodeFormat;
   for (const cuda::DecodeInstance& i : cuda::kDecodeInstances)  // every compiled KVarN pair
-    if (i.format == F::kKvarn)
+    if (i.format == F::kKvarn) {
       v.push_back({F::kKvarn, i.key_bits, i.value_bits, 128, 128, 32, 8, 3, 700});
+      for (int w : {1, 2})  // G 128 on both compiled warp counts
+        v.push_back(
+            {F::kKvarn, i.key_bits, i.value_bits, 128, 128, 32, 8, 3, 700, 0, false, 1, 1e-5, w});
+    }
+  // G 128 warp counts on fp8 scales, qpk 8, many splits and a sequence of pool rows only
+  v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 9, 1500, 0, true, 1, 1e-5, 2});
+  v.push_back({F::kKvarn, 4, 4, 128, 128, 64, 8, 2, 900, 0, true, 1, 1e-5, 1});
+  v.push_back({F::kKvarn, 4, 4, 128, 128, 32, 8, 2, 7000, 0, false, 1, 1e-5, 1});
+  v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 2, 7000, 0, false, 1, 1e-5, 2});
+  v.push_back({F::kKvarn, 4, 2, 128, 128, 16, 2, 1, 1, 0, false, 1, 1e-5, 2});
   v.push_back({F::kKvarn, 4, 2, 64, 128, 64, 8, 5, 500});
   v.push_back({F::kKvarn, 4, 2, 128, 64, 12, 4, 4, 600});   // qpk 3 (padded)
   v.push_back({F::kKvarn, 4, 4, 64, 64, 8, 8, 7, 300});     // MHA
@@ -216,6 +229,38 @@ std::vector<DecodeCase> decode_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Cuda, PagedDecode, ::testing::ValuesIn(decode_cases()),
                          [](const auto& info) { return case_name(info.param); });
+
+// KVarN G 128 warps per CTA: an explicit count wins; a cache of a few records per SM takes two;
+// a larger one the table's count for the bit pair (k4v2 1, k4v4 2), k4v4 one past 32 one-warp
+// splits; other groups are fixed.
+TEST(PagedDecodeWarps, AutomaticChoice) {
+  KVARN_REQUIRE_GPU();
+  int sms = 0;
+  KVARN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  auto warps = [](int kb, int vb, int g, int batch, int max_blocks, int explicit_warps) {
+    cuda::DecodeProblem p = decode_problem(DecodeFormat::kKvarn, batch, 32, 8, 128, g, max_blocks);
+    p.kvarn.key_bits = kb;
+    p.kvarn.value_bits = vb;
+    p.kvarn.group = g;
+    p.warps = explicit_warps;
+    return cuda::decode_num_warps(p);
+  };
+  const int few = 2 * sms / 8;  // blocks per sequence at batch 1, Hkv 8: two records per SM
+  EXPECT_EQ(warps(4, 2, 128, 1, few, 0), 2);
+  EXPECT_EQ(warps(4, 2, 128, 1, few + 1, 0), 1);
+  EXPECT_EQ(warps(4, 4, 128, 1, few + 1, 0), 2);
+  EXPECT_EQ(warps(4, 4, 128, 1, 128, 0), 2);  // batch 1 x 16K: 32 one-warp splits
+  EXPECT_EQ(warps(4, 4, 128, 1, 256, 0), 1);  // batch 1 x 32K: 64 one-warp splits
+  EXPECT_EQ(warps(4, 2, 128, 8, 256, 0), 1);
+  EXPECT_EQ(warps(4, 4, 128, 8, 256, 0), 2);
+  EXPECT_EQ(warps(4, 2, 128, 1, few, 1), 1);
+  EXPECT_EQ(warps(4, 4, 128, 8, 256, 1), 1);
+  EXPECT_EQ(warps(4, 2, 128, 8, 256, 2), 2);
+  EXPECT_EQ(warps(4, 2, 64, 1, few, 0), 2);
+  EXPECT_EQ(warps(4, 2, 32, 1, few, 0), 1);
+  EXPECT_EQ(cuda::decode_num_warps(decode_problem(DecodeFormat::kFp16, 1, 32, 8, 128, 128, few)),
+            2);
+}
 
 }  // namespace
 }  // namespace kvarn

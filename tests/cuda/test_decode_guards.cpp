@@ -74,6 +74,30 @@ TEST(CudaDecodeGuards, UncompiledBitPairIsRefusedWithTheTable) {
       << what;
 }
 
+TEST(CudaDecodeGuards, UncompiledWarpCountIsRefused) {
+  KVARN_REQUIRE_GPU();
+  static_assert(cuda::decode_table_warps(DecodeFormat::kKvarn, 4, 2) == 1 &&
+                    cuda::decode_table_warps(DecodeFormat::kKvarn, 4, 4) == 2 &&
+                    cuda::decode_table_warps(DecodeFormat::kKvarn, 5, 3) == 0,
+                "the table's G 128 warp counts");
+  struct Bad {
+    DecodeFormat fmt;
+    int g, warps;
+  };
+  for (const Bad& c : {Bad{DecodeFormat::kKvarn, 128, 3}, Bad{DecodeFormat::kKvarn, 64, 1},
+                       Bad{DecodeFormat::kKvarn, 32, 2}, Bad{DecodeFormat::kFp16, 128, 1}}) {
+    cuda::DecodeProblem p = decode_problem(c.fmt, 1, 1, 1, 128, c.g, 1, 1);
+    p.kvarn.group = c.g;
+    p.warps = c.warps;
+    DeviceBuffer<std::uint8_t> ws(cuda::decode_workspace_bytes(p));
+    cuda::DecodeBuffers b;
+    b.workspace = ws.get();
+    const std::string what = error_of([&] { cuda::paged_decode(p, b); });
+    EXPECT_NE(what.find("paged_decode: warps " + std::to_string(c.warps)), std::string::npos)
+        << what;
+  }
+}
+
 // seq_lens claims more tokens than the block-table row holds: the kernel attends over the
 // max_blocks blocks of the row (compute-sanitizer: no read past the row).
 TEST(CudaDecodeGuards, BlockWalkStopsAtMaxBlocks) {

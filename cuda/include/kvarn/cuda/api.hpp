@@ -61,6 +61,7 @@ struct DecodeProblem {
   int max_blocks = 0;    // block_table row length
   float softmax_scale = 0.0f;  // 0: 1/sqrt(head_dim)
   int num_splits = 0;          // 0: automatic
+  int warps = 0;  // warps per split CTA, 0: automatic; else a compiled one (decode_num_warps)
   KvarnConfig kvarn;           // KVarN only (bits, group, rotation, scales)
   TqDecodeConfig tq;           // TurboQuant only
 };
@@ -80,6 +81,9 @@ struct DecodeBuffers {
 };
 
 int decode_num_splits(const DecodeProblem& p);
+// Warps per split CTA (each writes its own workspace split): KVarN G 128 1 or 2 (p.warps, or the
+// automatic choice), KVarN G 64 / FP16 / FP8 2, KVarN G 32 / TurboQuant 1.
+int decode_num_warps(const DecodeProblem& p);
 std::size_t decode_workspace_bytes(const DecodeProblem& p);
 void paged_decode(const DecodeProblem& p, const DecodeBuffers& buf, cudaStream_t stream = nullptr);
 

@@ -12,18 +12,24 @@
 
 #include "kvarn/cuda/api.hpp"
 
-// X(format, key bits, value bits, unit); format names an enumerator of both DecodeFormat and the
-// kernels' KvFormat (kKvarn, kFp16, kFp8); unit: the translation unit that compiles it.
+// X(format, key bits, value bits, unit, warps); format names an enumerator of both DecodeFormat
+// and the kernels' KvFormat (kKvarn, kFp16, kFp8); unit: the translation unit that compiles it;
+// warps: KVarN G 128 warps per CTA (1 or 2; both are compiled) for a cache of more than a few
+// records per SM split a few ways (cuda/src/decode.cu: g128_warps takes 2 for fewer records and 1
+// past 32 splits). One warp does a record's per-record work once; two hide more latency. H200,
+// Hq 32/64, Hkv 8, batch 8-32, 16K-128K: k4v2 faster on 1 warp, k4v4 on 2 (docs/PERFORMANCE.md).
+// FP16 / FP8 rows: unused (2).
 #define KVARN_DECODE_INSTANCES(X) \
-  X(kKvarn, 4, 2, kvarn_k4)       \
-  X(kKvarn, 4, 4, kvarn_k4)       \
-  X(kKvarn, 2, 2, kvarn_other)    \
-  X(kKvarn, 8, 8, kvarn_other)    \
-  X(kKvarn, 3, 2, kvarn_other)    \
-  X(kFp16, 8, 8, fp)              \
-  X(kFp8, 8, 8, fp)
+  X(kKvarn, 4, 2, kvarn_k4, 1)    \
+  X(kKvarn, 4, 4, kvarn_k4, 2)    \
+  X(kKvarn, 2, 2, kvarn_other, 1) \
+  X(kKvarn, 8, 8, kvarn_other, 1) \
+  X(kKvarn, 3, 2, kvarn_other, 1) \
+  X(kFp16, 8, 8, fp, 2)           \
+  X(kFp8, 8, 8, fp, 2)
 
-// TurboQuant (vLLM presets): X(key bits, value bits); nc is a run-time flag.
+// TurboQuant (vLLM presets): X(key bits, value bits); with and without norm correction (nc,
+// chosen at run time) for Lloyd-Max keys.
 #define KVARN_DECODE_TQ_INSTANCES(X) \
   X(4, 4)                            \
   X(3, 3)                            \
@@ -34,11 +40,13 @@ namespace kvarn::cuda {
 struct DecodeInstance {
   DecodeFormat format;
   int key_bits, value_bits;
+  int g128_warps;  // KVarN G 128 warps per CTA on a full device (TurboQuant: 1)
 };
 
 // The table as data (TurboQuant rows carry DecodeFormat::kTurboQuant).
-#define KVARN_DECODE_INSTANCE_ROW_(format, kb, vb, unit) DecodeInstance{DecodeFormat::format, kb, vb},
-#define KVARN_DECODE_TQ_ROW_(kb, vb) DecodeInstance{DecodeFormat::kTurboQuant, kb, vb},
+#define KVARN_DECODE_INSTANCE_ROW_(format, kb, vb, unit, warps) \
+  DecodeInstance{DecodeFormat::format, kb, vb, warps},
+#define KVARN_DECODE_TQ_ROW_(kb, vb) DecodeInstance{DecodeFormat::kTurboQuant, kb, vb, 1},
 inline constexpr DecodeInstance kDecodeInstances[] = {
     KVARN_DECODE_INSTANCES(KVARN_DECODE_INSTANCE_ROW_)
         KVARN_DECODE_TQ_INSTANCES(KVARN_DECODE_TQ_ROW_)};
@@ -50,6 +58,14 @@ constexpr bool decode_compiled(DecodeFormat format, int key_bits, int value_bits
   for (const DecodeInstance& i : kDecodeInstances)
     if (i.format == format && i.key_bits == key_bits && i.value_bits == value_bits) return true;
   return false;
+}
+
+// The table's G 128 warps per CTA of `format` (kb, vb); 0 when it is not compiled.
+constexpr int decode_table_warps(DecodeFormat format, int key_bits, int value_bits) {
+  for (const DecodeInstance& i : kDecodeInstances)
+    if (i.format == format && i.key_bits == key_bits && i.value_bits == value_bits)
+      return i.g128_warps;
+  return 0;
 }
 
 // "k4v2, k4v4, ..." of one format, for messages.
