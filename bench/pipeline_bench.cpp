@@ -113,6 +113,7 @@ void BM_QuantizeFile(benchmark::State& state) {
   o.command = "bench";
   long long pairs = 0;
   kvarn::QuantizePhaseTimes t;
+  kvarn::keep_freed_memory_for_reuse();  // as `kvarn-eval quantize` does
   ProcessCpu cpu;
   for (auto _ : state) {
     const ProcessCpu cpu0 = ProcessCpu::now();

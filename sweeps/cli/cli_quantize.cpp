@@ -79,6 +79,7 @@ void add_quantize_command(CLI::App& app) {
     o.reconstruction = opts->reconstruction;
     o.threads = opts->threads;
     o.command = command_line();
+    keep_freed_memory_for_reuse();
     const QuantizeReport r = quantize_tile_file(o);
     print_summary(o, r);
     if (opts->timings) print_timings(r);

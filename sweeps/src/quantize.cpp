@@ -21,6 +21,9 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 namespace kvarn {
 
@@ -482,6 +485,16 @@ QuantizeReport quantize_tile_file(const QuantizeFileOptions& o) {
   close.add_to(&rep.times.write, &rep.times.write_cpu);
   rep.times.total = seconds_since(t_start);
   return rep;
+}
+
+void keep_freed_memory_for_reuse() {
+#ifdef __GLIBC__
+  // Freed memory is returned to the kernel only past 256 MiB at the heap's top, blocks up to 32
+  // MiB come from the heap (not mmap/munmap per block), and the heap grows 16 MiB at a time.
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TOP_PAD, 16 << 20);
+#endif
 }
 
 }  // namespace kvarn

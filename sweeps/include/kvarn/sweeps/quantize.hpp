@@ -58,6 +58,12 @@ struct QuantizeReport {
 
 QuantizeReport quantize_tile_file(const QuantizeFileOptions& o);
 
+// Makes the C library's malloc keep freed memory for reuse instead of returning it to the kernel:
+// quantize_tile_file allocates and frees megabytes per slab, and with glibc's defaults every slab
+// faulted its buffers in again, zeroed page by page. Process-wide and lasting; `kvarn-eval
+// quantize` calls it before quantize_tile_file. A no-op without glibc.
+void keep_freed_memory_for_reuse();
+
 }  // namespace kvarn
 
 #endif  // KVARN_SWEEPS_QUANTIZE_HPP_
