@@ -1,11 +1,11 @@
 // The paths a user runs, measured beside the core (same program, same run, so
 // their ratios to BM_KvarnTilePair are meaningful on a loaded machine):
-//   BM_QuantizeFile: `kvarn-eval quantize` end to end (tile file in, quantized
-//   file out, in a
-//     temporary directory) on 1,024 kvarn_k4v2_g128 K+V tile pairs of synthetic
-//     tiles drawn like BM_KvarnTilePair's; arg = worker threads over slabs.
-//   BM_SweepCase: one sweep case (the engine's compute_case: quantization,
-//   reconstruction and
+//   BM_QuantizeFile: `kvarn-eval quantize` end to end (tile file in, quantized file out, in a
+//     temporary directory) on 1,024 kvarn_k4v2_g128 K+V tile pairs of synthetic tiles drawn
+//     like BM_KvarnTilePair's; arg = threads (--threads). Counters: the CPU time per phase and
+//     the process's CPU time per pair, which hold under load (compare with the CPU time per
+//     pair of BM_KvarnTilePair).
+//   BM_SweepCase: one sweep case (the engine's compute_case: quantization, reconstruction and
 //     attention metrics) of kvarn_k4v2_g128 on the real fixture capture
 //     data/tiles/fixture_heldout.h5.
 // Both count quantized K+V tile pairs per second.

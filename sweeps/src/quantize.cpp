@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <system_error>
 #include <thread>
 
 #include "kvarn/core/registry.hpp"
@@ -354,7 +355,13 @@ class Pipeline {
   // Runs every slab; rethrows the error of the first slab, in list order, that failed.
   void run() {
     std::vector<std::thread> helpers;
-    for (int t = 1; t < threads_; ++t) helpers.emplace_back([this] { work(); });
+    for (int t = 1; t < threads_; ++t) {
+      try {
+        helpers.emplace_back([this] { work(); });
+      } catch (const std::system_error&) {
+        break;  // fewer threads than asked for: the same file, later
+      }
+    }
     work();
     for (std::thread& t : helpers) t.join();
     if (error_) std::rethrow_exception(error_);
