@@ -1,15 +1,16 @@
 // The paths a user runs, measured beside the core (same program, same run, so
 // their ratios to BM_KvarnTilePair are meaningful on a loaded machine):
-//   BM_QuantizeFile: `kvarn-eval quantize` end to end (tile file in, quantized
-//   file out, in a
-//     temporary directory) on 1,024 kvarn_k4v2_g128 K+V tile pairs of synthetic
-//     tiles drawn like BM_KvarnTilePair's; arg = worker threads over slabs.
-//   BM_SweepCase: one sweep case (the engine's compute_case: quantization,
-//   reconstruction and
+//   BM_QuantizeFile: `kvarn-eval quantize` end to end (tile file in, quantized file out, in a
+//     temporary directory) on 1,024 kvarn_k4v2_g128 K+V tile pairs of synthetic tiles drawn
+//     like BM_KvarnTilePair's; arg = threads (--threads). Counters: the CPU time per phase and
+//     the process's CPU time per pair, which hold under load (compare with the CPU time per
+//     pair of BM_KvarnTilePair).
+//   BM_SweepCase: one sweep case (the engine's compute_case: quantization, reconstruction and
 //     attention metrics) of kvarn_k4v2_g128 on the real fixture capture
 //     data/tiles/fixture_heldout.h5.
 // Both count quantized K+V tile pairs per second.
 #include <benchmark/benchmark.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -58,6 +59,19 @@ void fill_slab(float* out, std::uint64_t seed) {
           kvarn::round_to_half(static_cast<float>(offset[c] + rng.normal()));
 }
 
+// CPU seconds of the whole process so far (every thread), user and system, and its page faults.
+struct ProcessCpu {
+  double user = 0, sys = 0, faults = 0;
+  static ProcessCpu now() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    const auto sec = [](const timeval& t) {
+      return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+    };
+    return {sec(u.ru_utime), sec(u.ru_stime), static_cast<double>(u.ru_minflt + u.ru_majflt)};
+  }
+};
+
 const fs::path& tile_file() {
   static const fs::path path = [] {
     const fs::path p = temp_dir() / "tiles.h5";
@@ -99,12 +113,22 @@ void BM_QuantizeFile(benchmark::State& state) {
   o.command = "bench";
   long long pairs = 0;
   kvarn::QuantizePhaseTimes t;
+  kvarn::keep_freed_memory_for_reuse();  // as `kvarn-eval quantize` does
+  ProcessCpu cpu;
   for (auto _ : state) {
+    const ProcessCpu cpu0 = ProcessCpu::now();
     const kvarn::QuantizeReport r = kvarn::quantize_tile_file(o);
+    const ProcessCpu cpu1 = ProcessCpu::now();
+    cpu.user += cpu1.user - cpu0.user;
+    cpu.sys += cpu1.sys - cpu0.sys;
+    cpu.faults += cpu1.faults - cpu0.faults;
     pairs += r.k_chunks;
     t.read += r.times.read;
     t.compute += r.times.compute;
     t.write += r.times.write;
+    t.read_cpu += r.times.read_cpu;
+    t.compute_cpu += r.times.compute_cpu;
+    t.write_cpu += r.times.write_cpu;
   }
   state.counters["tile_pairs_per_s"] =
       benchmark::Counter(static_cast<double>(pairs), benchmark::Counter::kIsRate);
@@ -112,6 +136,14 @@ void BM_QuantizeFile(benchmark::State& state) {
   state.counters["read_s"] = t.read / n;
   state.counters["compute_s"] = t.compute / n;
   state.counters["write_s"] = t.write / n;
+  state.counters["read_cpu_s"] = t.read_cpu / n;
+  state.counters["compute_cpu_s"] = t.compute_cpu / n;
+  state.counters["write_cpu_s"] = t.write_cpu / n;
+  // Process CPU time per tile pair, all threads: a rate that holds under load, to compare with
+  // the CPU time per pair of BM_KvarnTilePair.
+  state.counters["cpu_us_per_pair"] = 1e6 * (cpu.user + cpu.sys) / static_cast<double>(pairs);
+  state.counters["sys_us_per_pair"] = 1e6 * cpu.sys / static_cast<double>(pairs);
+  state.counters["page_faults"] = cpu.faults / n;
 }
 BENCHMARK(BM_QuantizeFile)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 

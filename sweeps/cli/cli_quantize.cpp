@@ -35,12 +35,11 @@ void print_summary(const QuantizeFileOptions& o, const QuantizeReport& r) {
 void print_timings(const QuantizeReport& r) {
   const QuantizePhaseTimes& t = r.times;
   std::fprintf(stderr,
-               "timings (s): total %.3f | read %.3f | compute %.3f "
-               "(thread-seconds: decode %.3f, quantize "
-               "%.3f, collect %.3f, metrics %.3f) | write %.3f | %lld K + %lld "
-               "V chunks\n",
-               t.total, t.read, t.compute, t.decode, t.quantize, t.collect, t.metrics, t.write,
-               r.k_chunks, r.v_chunks);
+               "timings (s): total %.3f | pipeline %.3f | thread-seconds: read %.3f, decode "
+               "%.3f, quantize %.3f, collect %.3f, metrics %.3f, write %.3f | CPU seconds: read "
+               "%.3f, decode to metrics %.3f, write %.3f | %lld K + %lld V chunks\n",
+               t.total, t.compute, t.read, t.decode, t.quantize, t.collect, t.metrics, t.write,
+               t.read_cpu, t.compute_cpu, t.write_cpu, r.k_chunks, r.v_chunks);
 }
 
 }  // namespace
@@ -64,9 +63,8 @@ void add_quantize_command(CLI::App& app) {
   cmd->add_flag("--reconstruction", opts->reconstruction,
                 "Also store the fp32 reconstructions k_hat / v_hat of every slab");
   cmd->add_option("--threads", opts->threads,
-                  "Worker threads over slabs (default: OMP_NUM_THREADS or all "
-                  "cores); the file "
-                  "is identical for any count");
+                  "Threads that read, quantize and write the slabs (default: "
+                  "OMP_NUM_THREADS or all cores); the file is identical for any count");
   cmd->add_flag("--timings", opts->timings, "Print the time per phase to stderr");
   cmd->add_flag("--force", opts->force, "Overwrite --out if it exists");
   cmd->callback([opts] {
@@ -81,6 +79,7 @@ void add_quantize_command(CLI::App& app) {
     o.reconstruction = opts->reconstruction;
     o.threads = opts->threads;
     o.command = command_line();
+    keep_freed_memory_for_reuse();
     const QuantizeReport r = quantize_tile_file(o);
     print_summary(o, r);
     if (opts->timings) print_timings(r);

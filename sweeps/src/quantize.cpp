@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
+#include <ctime>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <system_error>
 #include <thread>
 
 #include "kvarn/core/registry.hpp"
@@ -18,6 +22,9 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 namespace kvarn {
 
@@ -29,6 +36,27 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+
+// CPU seconds the calling thread has used: unlike wall time, this does not grow when the
+// machine is shared.
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// Wall and CPU seconds of one step, added to a phase's totals.
+class StepTimer {
+ public:
+  void add_to(double* wall, double* cpu) const {
+    *wall += seconds_since(wall0_);
+    *cpu += thread_cpu_seconds() - cpu0_;
+  }
+
+ private:
+  Clock::time_point wall0_ = Clock::now();
+  double cpu0_ = thread_cpu_seconds();
+};
 
 std::string join(const std::vector<int>& v) {
   std::string s;
@@ -69,21 +97,38 @@ std::vector<int> select_range(const std::vector<int>& wanted, int n, const std::
   return out;
 }
 
-// sum (hat - ref)^2 and sum ref^2 in double, one pass in index order: the same sums, bit for
-// bit, as Eigen's squaredNorm of the cast expressions (a sequential, unvectorized reduction).
-void err_and_ref(const Matrix& hat, const Matrix& ref, double* err, double* sq) {
-  const float* a = hat.data();
-  const float* b = ref.data();
-  const std::size_t n = static_cast<std::size_t>(ref.size());
-  double e = 0, r = 0;
-  for (std::size_t i = 0; i < n; ++i) {
+// The NMSE sums of both streams: sum (hat - ref)^2 and sum ref^2 in double, each in index order:
+// the same sums, bit for bit, as Eigen's squaredNorm of the cast expressions (a sequential,
+// unvectorized reduction). Each sum is a chain of dependent additions; the K and V chains run in
+// one loop so that the four overlap instead of waiting on each other's latency.
+struct NmseSums {
+  double k_err = 0, k_ref = 0, v_err = 0, v_ref = 0;
+};
+
+NmseSums nmse_sums(const Matrix& k_hat, const Matrix& k, const Matrix& v_hat, const Matrix& v) {
+  KVARN_CHECK(k_hat.size() == k.size() && v_hat.size() == v.size(),
+              "reconstruction and input differ in size");
+  const float* ka = k_hat.data();
+  const float* kb = k.data();
+  const float* va = v_hat.data();
+  const float* vb = v.data();
+  const std::size_t nk = static_cast<std::size_t>(k.size());
+  const std::size_t nv = static_cast<std::size_t>(v.size());
+  NmseSums s;
+  const auto add = [](const float* a, const float* b, std::size_t i, double* e, double* r) {
     const double x = b[i];
     const double d = static_cast<double>(a[i]) - x;
-    e += d * d;
-    r += x * x;
+    *e += d * d;
+    *r += x * x;
+  };
+  const std::size_t both = std::min(nk, nv);
+  for (std::size_t i = 0; i < both; ++i) {
+    add(ka, kb, i, &s.k_err, &s.k_ref);
+    add(va, vb, i, &s.v_err, &s.v_ref);
   }
-  *err = e;
-  *sq = r;
+  for (std::size_t i = both; i < nk; ++i) add(ka, kb, i, &s.k_err, &s.k_ref);
+  for (std::size_t i = both; i < nv; ++i) add(va, vb, i, &s.v_err, &s.v_ref);
+  return s;
 }
 
 // One stream's chunks as the file stores them: per field name the chunks
@@ -128,6 +173,7 @@ struct SlabJob {
   QuantizedSlab out;
   double k_err = 0, k_ref = 0, v_err = 0, v_ref = 0;
   double decode_s = 0, quantize_s = 0, collect_s = 0, metrics_s = 0;
+  double compute_cpu_s = 0;  // CPU seconds of the four above
 };
 
 void collect_slab(const Method& method, SequenceResult* r, SlabJob* job) {
@@ -158,6 +204,7 @@ void collect_slab(const Method& method, SequenceResult* r, SlabJob* job) {
 // Decodes and quantizes one slab into job->out: the method's cache, the stored fields, the
 // byte checks and the NMSE sums of both streams.
 void quantize_slab(const Method& method, bool reconstruction, SlabJob* job) {
+  const double cpu0 = thread_cpu_seconds();
   auto t0 = Clock::now();
   job->k = decode_slab(job->k_in);
   job->v = decode_slab(job->v_in);
@@ -171,8 +218,11 @@ void quantize_slab(const Method& method, bool reconstruction, SlabJob* job) {
   collect_slab(method, &r, job);
   job->collect_s = seconds_since(t0);
   t0 = Clock::now();
-  err_and_ref(r.k_hat, job->k, &job->k_err, &job->k_ref);
-  err_and_ref(r.v_hat, job->v, &job->v_err, &job->v_ref);
+  const NmseSums sums = nmse_sums(r.k_hat, job->k, r.v_hat, job->v);
+  job->k_err = sums.k_err;
+  job->k_ref = sums.k_ref;
+  job->v_err = sums.v_err;
+  job->v_ref = sums.v_ref;
   job->out.k_nmse = job->k_ref > 0 ? job->k_err / job->k_ref : 0.0;
   job->out.v_nmse = job->v_ref > 0 ? job->v_err / job->v_ref : 0.0;
   job->metrics_s = seconds_since(t0);
@@ -182,81 +232,48 @@ void quantize_slab(const Method& method, bool reconstruction, SlabJob* job) {
   }
   job->k.resize(0, 0);
   job->v.resize(0, 0);
+  job->compute_cpu_s = thread_cpu_seconds() - cpu0;
 }
 
 int worker_threads(const QuantizeFileOptions& o) {
 #ifdef _OPENMP
   return o.threads > 0 ? o.threads : omp_get_max_threads();
 #else
-  (void)o;
-  return 1;
+  return std::max(1, o.threads);
 #endif
 }
 
-// Quantizes every job, in parallel over slabs; the first error (in slab order)
-// is rethrown.
-void quantize_all(const Method& method, const QuantizeFileOptions& o, std::vector<SlabJob>* jobs) {
-  const int n = static_cast<int>(jobs->size());
-  std::vector<std::exception_ptr> errors(n);
-#ifdef _OPENMP
-  const int threads = worker_threads(o);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-#endif
-  for (int i = 0; i < n; ++i) {
-    try {
-      quantize_slab(method, o.reconstruction, &(*jobs)[i]);
-    } catch (...) {
-      errors[i] = std::current_exception();
-    }
-  }
-  for (const auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
-
-// A batch: some layers of one sequence, every selected head. Small enough to bound memory and
-// let reading overlap the quantization of the previous batch, large enough to keep every
-// thread busy.
-struct Batch {
-  int sequence = 0;
-  std::vector<int> layers;  // captured indices
+// One slab of the input: a sequence, a captured layer, a KV head.
+struct SlabRef {
+  int sequence = 0, layer_index = 0, head = 0;
 };
 
-std::vector<Batch> make_batches(const std::vector<int>& seqs, const std::vector<int>& layers,
-                                int num_heads, int threads) {
-  const int per_batch = std::max(1, (4 * threads + num_heads - 1) / std::max(1, num_heads));
-  std::vector<Batch> out;
-  for (int s : seqs) {
-    for (std::size_t i = 0; i < layers.size(); i += per_batch) {
-      Batch b{s, {}};
-      for (std::size_t j = i; j < std::min(layers.size(), i + per_batch); ++j)
-        b.layers.push_back(layers[j]);
-      out.push_back(std::move(b));
-    }
-  }
+// Every selected slab in the order the file is written: sequence, layer, head.
+std::vector<SlabRef> list_slabs(const std::vector<int>& seqs, const std::vector<int>& layers,
+                                const std::vector<int>& heads) {
+  std::vector<SlabRef> out;
+  out.reserve(seqs.size() * layers.size() * heads.size());
+  for (int s : seqs)
+    for (int li : layers)
+      for (int h : heads) out.push_back({s, li, h});
   return out;
 }
 
-// The input slabs of one batch as stored (decoded later, in parallel), in layer / head order.
-std::vector<SlabJob> read_batch(const TileReader& reader, const Batch& b,
-                                const std::vector<int>& heads, const std::string& out) {
+// The slab's input as stored (decoded later, on a compute thread).
+std::unique_ptr<SlabJob> read_slab(const TileReader& reader, const SlabRef& r,
+                                   const std::string& out) {
   const TileFileInfo& info = reader.info();
-  const SequenceInfo& si = reader.sequence(b.sequence);
-  std::vector<SlabJob> jobs;
-  jobs.reserve(b.layers.size() * heads.size());
-  for (int li : b.layers) {
-    for (int h : heads) {
-      SlabJob j;
-      j.key = {si.name, si.num_tokens, si.prompt_id, info.layers[li], li, h};
-      j.ctx = LayerContext{info.layers[li], info.num_layers};
-      j.where = out + ": /sequences/" + si.name + "/" +
-                quantized_group_name("layer", info.layers[li]) + "/" +
-                quantized_group_name("head", h);
-      j.k_in = reader.read_stored(b.sequence, "k", li, h);
-      j.v_in = reader.read_stored(b.sequence, "v", li, h);
-      jobs.push_back(std::move(j));
-    }
-  }
-  return jobs;
+  const SequenceInfo& si = reader.sequence(r.sequence);
+  auto j = std::make_unique<SlabJob>();
+  j->key = {si.name,       si.num_tokens, si.prompt_id, info.layers[r.layer_index],
+            r.layer_index, r.head};
+  j->ctx = LayerContext{info.layers[r.layer_index], info.num_layers};
+  j->where = out + ": /sequences/" + si.name + "/" +
+             quantized_group_name("layer", info.layers[r.layer_index]) + "/" +
+             quantized_group_name("head", r.head);
+  j->k_in = reader.read_stored(r.sequence, "k", r.layer_index, r.head);
+  j->v_in = reader.read_stored(r.sequence, "v", r.layer_index, r.head);
+  return j;
 }
 
 QuantizedFileInfo file_info(const Method& method, const QuantizeFileOptions& o,
@@ -308,7 +325,159 @@ void add_to_report(const SlabJob& j, QuantizeReport* rep) {
   rep->times.quantize += j.quantize_s;
   rep->times.collect += j.collect_s;
   rep->times.metrics += j.metrics_s;
+  rep->times.compute_cpu += j.compute_cpu_s;
 }
+
+// Slabs flow through a fixed set of threads, as many as asked for, with no batches: each
+// thread, in turn, either takes the next HDF5 step (write the oldest quantized slab, or read the
+// next slab's stored chunks; one thread at a time, HDF5 is not thread-safe) or decodes and
+// quantizes a slab that was read. The HDF5 work takes turns with the quantization on the same
+// threads instead of competing with it for the cores from an extra thread, and no thread waits
+// at a batch's end. Slabs are written in list order; at most `window` are in memory.
+class Pipeline {
+ public:
+  Pipeline(const Method& method, const QuantizeFileOptions& o, const TileReader& reader,
+           QuantizedFileWriter* writer, std::vector<SlabRef> slabs, int threads,
+           QuantizeReport* rep)
+      : method_(method),
+        o_(o),
+        reader_(reader),
+        writer_(writer),
+        slabs_(std::move(slabs)),
+        threads_(std::max(1, threads)),
+        window_(static_cast<std::size_t>(4 * threads_ + 2)),
+        rep_(rep),
+        jobs_(slabs_.size()),
+        done_(slabs_.size(), 0),
+        stop_at_(slabs_.size()),
+        error_at_(slabs_.size()) {}
+
+  // Runs every slab; rethrows the error of the first slab, in list order, that failed.
+  void run() {
+    std::vector<std::thread> helpers;
+    for (int t = 1; t < threads_; ++t) {
+      try {
+        helpers.emplace_back([this] { work(); });
+      } catch (const std::system_error&) {
+        break;  // fewer threads than asked for: the same file, later
+      }
+    }
+    work();
+    for (std::thread& t : helpers) t.join();
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  enum class Io { kNone, kRead, kWrite };
+
+  // The next HDF5 step, if one can be taken now (called under mu_). Reads come first while fewer
+  // slabs wait than there are threads, so that no thread starves.
+  Io next_io() const {
+    if (io_busy_) return Io::kNone;
+    const bool can_write = next_write_ < stop_at_ && done_[next_write_];
+    const bool can_read = next_read_ < stop_at_ && next_read_ - next_write_ < window_;
+    if (can_read && next_read_ - next_take_ < static_cast<std::size_t>(threads_)) return Io::kRead;
+    if (can_write) return Io::kWrite;
+    return can_read ? Io::kRead : Io::kNone;
+  }
+
+  // One thread's loop: runs until every slab is written or, after an error, until nothing
+  // before the failed slab is left to quantize.
+  void work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      const Io io = next_io();
+      if (io != Io::kNone) {
+        io_step(io, &lock);
+      } else if (next_take_ < std::min(next_read_, stop_at_)) {
+        compute_step(&lock);
+      } else if (io_busy_ || in_flight_ > 0) {
+        cv_.wait(lock);  // whoever is busy changes the state and wakes everyone
+      } else {
+        return;
+      }
+    }
+  }
+
+  void io_step(Io io, std::unique_lock<std::mutex>* lock) {
+    io_busy_ = true;
+    const std::size_t i = io == Io::kRead ? next_read_ : next_write_;
+    std::unique_ptr<SlabJob> job = io == Io::kWrite ? std::move(jobs_[i]) : nullptr;
+    lock->unlock();
+    std::exception_ptr error;
+    try {
+      const StepTimer timer;
+      if (io == Io::kRead) {
+        job = read_slab(reader_, slabs_[i], o_.out.string());
+        timer.add_to(&rep_->times.read, &rep_->times.read_cpu);
+      } else {
+        writer_->add_slab(job->key, job->out);
+        add_to_report(*job, rep_);
+        job.reset();
+        timer.add_to(&rep_->times.write, &rep_->times.write_cpu);
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock->lock();
+    io_busy_ = false;
+    if (error) {
+      fail_at(i, error);
+    } else if (io == Io::kRead) {
+      jobs_[i] = std::move(job);
+      ++next_read_;
+    } else {
+      ++next_write_;
+    }
+    cv_.notify_all();
+  }
+
+  void compute_step(std::unique_lock<std::mutex>* lock) {
+    const std::size_t i = next_take_++;
+    SlabJob* job = jobs_[i].get();
+    ++in_flight_;
+    lock->unlock();
+    std::exception_ptr error;
+    try {
+      quantize_slab(method_, o_.reconstruction, job);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock->lock();
+    --in_flight_;
+    if (error) fail_at(i, error);
+    done_[i] = 1;
+    cv_.notify_all();
+  }
+
+  // Slab i failed: nothing from i on is read, quantized or written; slabs before i are still
+  // quantized, so the error reported is the first in list order, whatever the thread count.
+  void fail_at(std::size_t i, std::exception_ptr e) {
+    stop_at_ = std::min(stop_at_, i);
+    if (i < error_at_) {
+      error_at_ = i;
+      error_ = e;
+    }
+  }
+
+  const Method& method_;
+  const QuantizeFileOptions& o_;
+  const TileReader& reader_;
+  QuantizedFileWriter* writer_;
+  const std::vector<SlabRef> slabs_;
+  const int threads_;
+  const std::size_t window_;
+  QuantizeReport* rep_;  // written by the thread that holds the HDF5 turn
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<SlabJob>> jobs_;  // by slab: set once read, released once written
+  std::vector<char> done_;                      // by slab: quantized
+  std::size_t next_read_ = 0, next_take_ = 0, next_write_ = 0, stop_at_, error_at_;
+  int in_flight_ = 0;
+  bool io_busy_ = false;
+  std::exception_ptr error_;
+};
 
 }  // namespace
 
@@ -334,56 +503,25 @@ QuantizeReport quantize_tile_file(const QuantizeFileOptions& o) {
   rep.method_name = method->name();
   rep.method_spec = method->spec();
   QuantizedFileWriter writer(o.out, file_info(*method, o, reader, heads, seqs), o.force);
-  const std::vector<Batch> batches =
-      make_batches(seqs, layers, static_cast<int>(heads.size()), worker_threads(o));
-  auto read = [&](std::size_t b) {
-    const auto t0 = Clock::now();
-    std::vector<SlabJob> jobs = read_batch(reader, batches[b], heads, o.out.string());
-    rep.times.read += seconds_since(t0);
-    return jobs;
-  };
-  auto write = [&](const std::vector<SlabJob>& done) {
-    const auto t0 = Clock::now();
-    for (const SlabJob& j : done) {
-      writer.add_slab(j.key, j.out);
-      add_to_report(j, &rep);
-    }
-    rep.times.write += seconds_since(t0);
-  };
-  std::vector<SlabJob> jobs = batches.empty() ? std::vector<SlabJob>() : read(0), done;
-  for (std::size_t b = 0; b < batches.size(); ++b) {
-    // While batch b is decoded and quantized in parallel (no HDF5 calls), one I/O thread writes
-    // batch b - 1 and reads batch b + 1's stored chunks: HDF5 (not thread-safe) is only ever used
-    // by one thread at a time, and the file is written in batch order.
-    std::vector<SlabJob> next;
-    std::exception_ptr io_error;
-    std::thread io([&, b] {
-      try {
-        write(done);
-        if (b + 1 < batches.size()) next = read(b + 1);
-      } catch (...) {
-        io_error = std::current_exception();
-      }
-    });
-    const auto t0 = Clock::now();
-    try {
-      quantize_all(*method, o, &jobs);
-    } catch (...) {
-      io.join();
-      throw;
-    }
-    rep.times.compute += seconds_since(t0);
-    io.join();
-    if (io_error) std::rethrow_exception(io_error);
-    done = std::move(jobs);
-    jobs = std::move(next);
-  }
-  write(done);
-  const auto t0 = Clock::now();
+  const auto t_pipeline = Clock::now();
+  Pipeline(*method, o, reader, &writer, list_slabs(seqs, layers, heads), worker_threads(o), &rep)
+      .run();
+  rep.times.compute = seconds_since(t_pipeline);
+  const StepTimer close;
   writer.finish();
-  rep.times.write += seconds_since(t0);
+  close.add_to(&rep.times.write, &rep.times.write_cpu);
   rep.times.total = seconds_since(t_start);
   return rep;
+}
+
+void keep_freed_memory_for_reuse() {
+#ifdef __GLIBC__
+  // Freed memory is returned to the kernel only past 256 MiB at the heap's top, blocks up to 32
+  // MiB come from the heap (not mmap/munmap per block), and the heap grows 16 MiB at a time.
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TOP_PAD, 16 << 20);
+#endif
 }
 
 }  // namespace kvarn

@@ -5,6 +5,7 @@
 // count.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -12,6 +13,7 @@
 #include <string>
 
 #include "data/tile_storage.hpp"
+#include "kvarn/data/error.hpp"
 #include "kvarn/data/h5_io.hpp"
 #include "kvarn/data/quantized_file.hpp"
 #include "kvarn/data/tile_file.hpp"
@@ -211,6 +213,44 @@ TEST_F(QuantizeFileTest, ReaderReturnsWhatWasWritten) {
     EXPECT_EQ(s.k.num_chunks(), (key.num_tokens - 64) / 64);
     EXPECT_GT(s.k_nmse, 0.0);
     EXPECT_LT(s.k_nmse, 0.1);
+  }
+}
+
+// Writes one fp16 value into the stored tiles of `dataset` at [layer, head, token, channel].
+void put_half(const fs::path& p, const std::string& dataset, hsize_t layer, hsize_t head,
+              hsize_t token, hsize_t channel, std::uint16_t half) {
+  H5::H5File f(p.string(), H5F_ACC_RDWR);
+  H5::DataSet ds = f.openDataSet(dataset);
+  H5::DataSpace space = ds.getSpace();
+  const hsize_t start[4] = {layer, head, token, channel}, count[4] = {1, 1, 1, 1}, one = 1;
+  space.selectHyperslab(H5S_SELECT_SET, count, start);
+  ds.write(&half, h5::f16_type(), H5::DataSpace(1, &one), space);
+}
+
+TEST_F(QuantizeFileTest, TheFirstBadSlabInFileOrderIsReportedWhateverTheThreadCount) {
+  // sample.h5 holds 2 sequences x 2 layers x 2 heads; slabs are taken in that order. Slab 3
+  // (sequence 0, layer 1, head 1) holds a NaN, slabs 4 and 7 an Inf: with several threads the
+  // later slabs can fail first, and slab 3's error must still be the one reported.
+  const fs::path tiles = dir_ / "bad.h5";
+  fs::copy_file(source_path("data/tiles/sample.h5"), tiles);
+  put_half(tiles, "/sequences/000000/k", 1, 1, 250, 7, 0x7e00);  // NaN
+  put_half(tiles, "/sequences/000001/k", 0, 0, 3, 2, 0x7c00);    // Inf
+  put_half(tiles, "/sequences/000001/v", 1, 1, 0, 0, 0x7c00);    // Inf
+  for (int threads : {1, 2, 3, 8}) {
+    SCOPED_TRACE(threads);
+    const std::string name = std::to_string(threads) + "_threads.h5";
+    try {
+      run("kvarn_k4v2_g64", tiles, false, threads, name);
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("/sequences/000000/k: non-finite value (nan) at [layer 1, head 1, "
+                         "token 250, channel 7]"),
+                std::string::npos)
+          << msg;
+    }
+    for (const auto& entry : fs::directory_iterator(dir_))  // no output, no temporary file
+      EXPECT_EQ(entry.path(), tiles);
   }
 }
 

@@ -1,8 +1,9 @@
 // `kvarn-eval quantize` as a library call: runs one method over (sequence, layer, KV head) slabs
-// of a tile file and writes the quantized-tile file (kvarn/data/quantized_file.hpp). While a
-// batch of slabs is decoded and quantized in parallel (OpenMP), one I/O thread writes the previous
-// batch and reads the next one's stored chunks; slabs are written in sequence / layer / head
-// order, so the file is identical whatever the thread count.
+// of a tile file and writes the quantized-tile file (kvarn/data/quantized_file.hpp). The slabs
+// flow through `threads` threads: each takes, in turn, the next HDF5 step (read a slab's stored
+// chunks, or write the oldest quantized slab; one thread at a time) or decodes and quantizes a
+// slab that was read. Slabs are written in sequence / layer / head order, so the file is
+// identical whatever the thread count.
 #ifndef KVARN_SWEEPS_QUANTIZE_HPP_
 #define KVARN_SWEEPS_QUANTIZE_HPP_
 
@@ -32,17 +33,19 @@ struct QuantizeLayerSummary {
   int slabs = 0;
 };
 
-// Wall-clock seconds per phase; `decode`, `quantize`, `collect` and `metrics` are summed over
-// threads.
+// Seconds per phase. `compute` and `total` are wall time; the others are summed over the
+// threads that ran them (thread-seconds), wall time and, in the *_cpu fields, CPU time of those
+// threads (which, unlike wall time, does not grow when other jobs share the cores).
 struct QuantizePhaseTimes {
-  double read = 0;      // HDF5 read of the input slabs' stored chunks (one thread)
-  double compute = 0;   // wall time of the parallel section (the four below)
+  double read = 0;      // HDF5 read of the input slabs' stored chunks
+  double compute = 0;   // wall time of the pipeline: reads, the four below and writes
   double decode = 0;    // the input chunks inflated and converted from fp16
   double quantize = 0;  // the method's cache: encode, decode, reconstruction
   double collect = 0;   // stored fields concatenated per stream, byte accounting checks
   double metrics = 0;   // NMSE sums
-  double write = 0;     // HDF5 write (overlapping the parallel section), close, fsync, rename
+  double write = 0;     // HDF5 write, close, fsync, rename
   double total = 0;
+  double read_cpu = 0, compute_cpu = 0, write_cpu = 0;  // compute_cpu: decode to metrics
 };
 
 struct QuantizeReport {
@@ -54,6 +57,12 @@ struct QuantizeReport {
 };
 
 QuantizeReport quantize_tile_file(const QuantizeFileOptions& o);
+
+// Makes the C library's malloc keep freed memory for reuse instead of returning it to the kernel:
+// quantize_tile_file allocates and frees megabytes per slab, and with glibc's defaults every slab
+// faulted its buffers in again, zeroed page by page. Process-wide and lasting; `kvarn-eval
+// quantize` calls it before quantize_tile_file. A no-op without glibc.
+void keep_freed_memory_for_reuse();
 
 }  // namespace kvarn
 
