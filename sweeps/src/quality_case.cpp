@@ -169,10 +169,14 @@ json summarize(const std::vector<QualityWindow>& windows, const QualitySettings&
   json buckets = json::array();
   for (int lo = 0; lo < window - 1; lo += q.bucket) {
     const int hi = std::min(lo + q.bucket, window - 1);
-    const auto st = quality_statistics(
-        windows, [lo, hi](int t, int) { return t >= lo && t < hi; }, bo, false);
+    const QualityRowFilter in_bucket = [lo, hi](int t, int) { return t >= lo && t < hi; };
+    const auto st = quality_statistics(windows, in_bucket, bo, false);
     rc.add_stats("quality.pos" + std::to_string(lo) + "-" + std::to_string(hi) + ".", st);
-    buckets.push_back({{"begin", lo}, {"end", hi}, {"stats", stats_json(st)}});
+    // Per-window means let two buckets be compared paired over windows (same text).
+    buckets.push_back({{"begin", lo},
+                       {"end", hi},
+                       {"stats", stats_json(st)},
+                       {"window_means", quality_window_means(windows, in_bucket)}});
   }
   return {{"quantized_rows", stats_json(head)},
           {"all_rows", stats_json(every)},

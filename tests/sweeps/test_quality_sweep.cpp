@@ -106,6 +106,15 @@ TEST_F(QualitySweep, RunsWritesRowsAndReusesTheFp16Cache) {
   const json kivi = json::parse(slurp_file(r.run_dir / "cases" /
                                            (cfg.cases[1].id + ".json")))["quality"]["models"][0];
   EXPECT_EQ(kivi["fp16_reference"]["reused_windows"], 2);
+  // Per-window bucket means: one per window, pooling to the bucket's mean (equal token counts).
+  for (const json& b : kivi["stats"]["position_buckets"]) {
+    ASSERT_TRUE(b.contains("window_means")) << b.dump();
+    const json& wm = b["window_means"];
+    ASSERT_EQ(wm["kld"].size(), 2u);
+    EXPECT_EQ(wm["tokens"][0], b["end"].get<int>() - b["begin"].get<int>());
+    EXPECT_NEAR((wm["kld"][0].get<double>() + wm["kld"][1].get<double>()) / 2,
+                b["stats"]["kld.mean"]["value"].get<double>(), 1e-12);
+  }
   EXPECT_EQ(kivi["fp16_reference"]["bytes_per_window"].get<std::uint64_t>(), fs::file_size(files[0]));
 
   // A second run of the same config in a fresh process state: the cases are redone (--only
