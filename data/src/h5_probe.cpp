@@ -17,8 +17,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
-#include <set>
 #include <sstream>
 
 #include "kvarn/data/error.hpp"
@@ -42,32 +42,46 @@ std::string& report_buffer() {
 
 void become_probe_child(int err_fd);
 
-[[noreturn]] void child_main(int err_fd, const std::function<void()>& walk) {
+bool send_all(int fd, const void* buf, std::size_t n);
+
+// Runs `walk` and hands its result to the parent, whether the walk returned or threw.
+[[noreturn]] void child_main(int err_fd, int result_fd, const ProbeWalk& walk) {
   become_probe_child(err_fd);
+  std::string result;
   try {
-    walk();
+    walk(result);
   } catch (...) {
     // Errors are the parent's to report: it repeats the walk and gets the same one.
   }
-  ::_exit(0);
+  ::_exit(send_all(result_fd, result.data(), result.size()) ? 0 : 1);
 }
 
-// Reads the child's stderr until it closes or `deadline`; false when the deadline passed.
-bool drain_until(int fd, std::chrono::steady_clock::time_point deadline, std::string& out) {
+// Reads the child's stderr (`err_fd`, kept up to kMaxReport) and its result (`result_fd`) until
+// both close or `deadline`; false when the deadline passed. Both at once: a child blocked on a
+// full pipe would never close the other.
+bool drain_until(int err_fd, int result_fd, std::chrono::steady_clock::time_point deadline,
+                 std::string& err, std::string& result) {
   char buf[4096];
-  for (;;) {
+  pollfd p[2] = {{err_fd, POLLIN, 0}, {result_fd, POLLIN, 0}};
+  std::string* out[2] = {&err, &result};
+  while (p[0].fd >= 0 || p[1].fd >= 0) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return false;
-    pollfd p{fd, POLLIN, 0};
-    const int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 1000)));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) continue;
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return true;  // EOF: the child exited (or closed stderr)
-    if (out.size() < kMaxReport) out.append(buf, static_cast<std::size_t>(n));
+    const int r = ::poll(p, 2, static_cast<int>(std::min<long long>(left.count(), 1000)));
+    if (r <= 0) continue;  // EINTR or no data yet
+    for (int i = 0; i < 2; ++i) {
+      if (p[i].fd < 0 || p[i].revents == 0) continue;
+      const ssize_t n = ::read(p[i].fd, buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        p[i].fd = -1;  // EOF: the child exited (or closed it)
+      } else if (i == 1 || out[i]->size() < kMaxReport) {
+        out[i]->append(buf, static_cast<std::size_t>(n));
+      }
+    }
   }
+  return true;
 }
 
 int wait_child(pid_t pid) {
@@ -177,48 +191,60 @@ double probe_seconds() {
 
 const std::string& last_probe_report() { return report_buffer(); }
 
-void run_probe(const std::string& file, const std::string& what, const std::function<void()>& walk,
-               double seconds) {
-  int fds[2];
-  KVARN_CHECK(::pipe(fds) == 0, file, ": cannot start the probe of ", what,
+std::string run_probe(const std::string& file, const std::string& what, const ProbeWalk& walk,
+                      double seconds) {
+  int err_fds[2], result_fds[2];
+  KVARN_CHECK(::pipe(err_fds) == 0, file, ": cannot start the probe of ", what,
               ": pipe: ", std::strerror(errno));
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, result_fds) != 0) {
+    const int e = errno;
+    ::close(err_fds[0]);
+    ::close(err_fds[1]);
+    fail(file, ": cannot start the probe of ", what, ": socketpair: ", std::strerror(e));
+  }
   const pid_t pid = ::fork();
   if (pid == 0) {
-    ::close(fds[0]);
-    child_main(fds[1], walk);
+    ::close(err_fds[0]);
+    ::close(result_fds[0]);
+    child_main(err_fds[1], result_fds[1], walk);
   }
   const int fork_errno = errno;
-  ::close(fds[1]);
+  ::close(err_fds[1]);
+  ::close(result_fds[1]);
   if (pid < 0) {
-    ::close(fds[0]);
+    ::close(err_fds[0]);
+    ::close(result_fds[0]);
     fail(file, ": cannot start the probe of ", what, ": fork: ", std::strerror(fork_errno));
   }
-  std::string err;
+  std::string err, result;
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::microseconds(static_cast<long long>(seconds * 1e6));
-  const bool finished = drain_until(fds[0], deadline, err);
+  const bool finished = drain_until(err_fds[0], result_fds[0], deadline, err, result);
   if (!finished) ::kill(pid, SIGKILL);
-  ::close(fds[0]);
+  ::close(err_fds[0]);
+  ::close(result_fds[0]);
   const int status = wait_child(pid);
-  if (finished && WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+  if (finished && WIFEXITED(status) && WEXITSTATUS(status) == 0) return result;
   report_failure(file, what, seconds_text(seconds) + " s", finished, status, err);
 }
 
-void probe_file_once(const std::string& file, const std::string& what,
-                     const std::function<void()>& walk) {
+std::string probe_file_once(const std::string& file, const std::string& what,
+                            const ProbeWalk& walk) {
   static std::mutex mu;
-  static std::set<std::string> passed;
+  static std::map<std::string, std::string> passed;  // file identity -> the probe's result
   const std::string id = file_identity(file);
   {
     const std::lock_guard<std::mutex> lock(mu);
-    if (!id.empty() && passed.count(id)) return;
+    const auto it = id.empty() ? passed.end() : passed.find(id);
+    if (it != passed.end()) return it->second;
   }
-  run_probe(file, what, walk, probe_seconds());
+  std::string result = run_probe(file, what, walk, probe_seconds());
   const std::lock_guard<std::mutex> lock(mu);
-  if (!id.empty()) passed.insert(id);
+  if (!id.empty()) passed.emplace(id, result);
+  return result;
 }
 
-ProbeWorker::ProbeWorker(std::function<void(const std::string&)> walk) : walk_(std::move(walk)) {}
+ProbeWorker::ProbeWorker(Walk walk) : walk_(std::move(walk)) {}
 
 ProbeWorker::~ProbeWorker() { stop(); }
 
@@ -249,17 +275,23 @@ void ProbeWorker::start(const std::string& file, const std::string& what) {
     ::close(sv[0]);
     ::close(ep[0]);
     become_probe_child(ep[1]);
-    // One input per request: its size, then its bytes; one byte back once walked.
+    // One input per request: its size, then its bytes; back once walked: one byte, the size of
+    // the result, the result.
     for (std::uint64_t n = 0; read_all(sv[1], &n, sizeof(n));) {
       std::string bytes(n, '\0');
       if (!read_all(sv[1], bytes.data(), n)) break;
+      std::string result;
       try {
-        walk_(bytes);
+        walk_(bytes, result);
       } catch (...) {
         // As in run_probe: the parent repeats the walk and reports its error.
       }
       const char done = 'k';
-      if (!send_all(sv[1], &done, 1)) break;
+      const std::uint64_t m = result.size();
+      if (!send_all(sv[1], &done, 1) || !send_all(sv[1], &m, sizeof(m)) ||
+          !send_all(sv[1], result.data(), m)) {
+        break;
+      }
     }
     ::_exit(0);
   }
@@ -277,8 +309,8 @@ void ProbeWorker::start(const std::string& file, const std::string& what) {
   err_ = ep[0];
 }
 
-void ProbeWorker::run(const std::string& file, const std::string& what, const void* data,
-                      std::size_t size, double seconds) {
+std::string ProbeWorker::run(const std::string& file, const std::string& what, const void* data,
+                             std::size_t size, double seconds) {
   if (pid_ < 0) start(file, what);
   const double cpu_start = cpu_seconds_of(pid_);
   const std::uint64_t n = size;
@@ -313,10 +345,19 @@ void ProbeWorker::run(const std::string& file, const std::string& what, const vo
     answered = got == 1;
     if (got == 0 || (got < 0 && errno != EAGAIN)) break;  // the child is gone
   }
-  std::string err;
+  std::string err, result;
+  if (answered) {
+    // The walk is over; the child only sends its result now (a child gone meanwhile: below).
+    std::uint64_t m = 0;
+    answered = read_all(to_child_, &m, sizeof(m));
+    if (answered) {
+      result.resize(m);
+      answered = read_all(to_child_, result.data(), m);
+    }
+  }
   if (answered) {
     drain_available(err_, err);  // keep the pipe from filling; nothing to report
-    return;
+    return result;
   }
   if (!finished && sent) ::kill(pid_, SIGKILL);
   const int status = wait_child(pid_);

@@ -7,17 +7,21 @@
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "kvarn/data/atomic_file.hpp"
 #include "kvarn/data/error.hpp"
 #include "kvarn/data/h5_io.hpp"
-#include "tile_slab.hpp"
 #include "kvarn/data/h5_probe.hpp"
+#include "tile_slab.hpp"
 
 namespace kvarn {
 
@@ -76,7 +80,11 @@ void check_scalar(const H5::Attribute& a, const std::string& name, const Where& 
               "' must be a scalar, has ", s.getSimpleExtentNpoints(), " elements");
 }
 
+// Calls of read_string_attr in this process (TileReader::string_attribute_reads_in_process).
+std::atomic<long long> string_attr_reads{0};
+
 std::string read_string_attr(const H5::H5Object& obj, const std::string& name, const Where& w) {
+  ++string_attr_reads;
   H5::Attribute a = open_attr(obj, name, w);
   H5::DataType t = a.getDataType();
   KVARN_CHECK(t.getClass() == H5T_STRING, w.str(), ": attribute '", name, "' must be a string, is ",
@@ -88,6 +96,84 @@ std::string read_string_attr(const H5::H5Object& obj, const std::string& name, c
   out.erase(std::find(out.begin(), out.end(), '\0'), out.end());
   return out;
 }
+
+// Little-endian length-prefixed strings, for the probe's result.
+void put_text(std::string& out, const std::string& text) {
+  const std::uint32_t n = static_cast<std::uint32_t>(text.size());
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  out += text;
+}
+
+bool take_text(const std::string& in, std::size_t& pos, std::string& text) {
+  if (in.size() - pos < 4) return false;
+  std::uint32_t n = 0;
+  for (int i = 0; i < 4; ++i)
+    n |= static_cast<std::uint32_t>(static_cast<unsigned char>(in[pos + i])) << (8 * i);
+  pos += 4;
+  if (in.size() - pos < n) return false;
+  text = in.substr(pos, n);
+  pos += n;
+  return true;
+}
+
+}  // namespace
+
+// The string attributes of one file. libhdf5 reads variable-length strings from the global heap,
+// and on corrupt heaps it crashed in this process on files its probe child had read safely (what
+// it does there depends on the state of the process's memory). So only the probe child lets
+// libhdf5 read them (each value, or the error reading it, appended to the probe's result); the
+// walk in this process takes them from that result.
+class TileReader::StringAttrs {
+ public:
+  // The probe child's walk: reads each attribute and appends it to *record.
+  explicit StringAttrs(std::string* record) : record_(record) {}
+  // The walk in this process: replays the child's record; a damaged one (never expected) is an
+  // error naming the file.
+  StringAttrs(const std::string& f, const std::string& record) {
+    std::size_t pos = 0;
+    for (std::string key, kind, text; pos < record.size();) {
+      KVARN_CHECK(take_text(record, pos, key) && take_text(record, pos, kind) &&
+                      take_text(record, pos, text) && (kind == "v" || kind == "e"),
+                  f, ": the probe process sent back a damaged list of string attributes");
+      values_[key] = {kind == "v", text};
+    }
+  }
+
+  std::string get(const H5::H5Object& obj, const std::string& name, const Where& w) {
+    const std::string key = w.object + '\n' + name;
+    if (record_ == nullptr) {
+      const auto it = values_.find(key);
+      KVARN_CHECK(it != values_.end(), w.str(), ": attribute '", name,
+                  "' was not read by the probe process");
+      KVARN_CHECK(it->second.first, w.file, ": ", it->second.second);
+      return it->second.second;
+    }
+    try {
+      std::string value = read_string_attr(obj, name, w);
+      add(key, "v", value);
+      return value;
+    } catch (const Error& e) {
+      // Without the file's name: the child of in-memory images does not know their label.
+      const std::string what = e.what(), prefix = w.file + ": ";
+      add(key, "e", what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what);
+      throw;
+    } catch (const H5::Exception& e) {
+      add(key, "e", "HDF5 error while reading the file structure: " + h5::describe(e));
+      throw;
+    }
+  }
+
+ private:
+  void add(const std::string& key, const char* kind, const std::string& text) {
+    put_text(*record_, key);
+    put_text(*record_, kind);
+    put_text(*record_, text);
+  }
+  std::string* record_ = nullptr;
+  std::map<std::string, std::pair<bool, std::string>> values_;  // key -> (read, value or error)
+};
+
+namespace {
 
 long long read_int_attr(const H5::H5Object& obj, const std::string& name, const Where& w) {
   H5::Attribute a = open_attr(obj, name, w);
@@ -247,30 +333,40 @@ struct TileReader::Impl {
   std::uintmax_t file_size = 0;
 };
 
-TileReader::TileReader(const fs::path& path) : TileReader(path, std::nullopt, true) {}
+TileReader::TileReader(const fs::path& path) : TileReader(path, std::nullopt, nullptr) {}
 
 TileReader::TileReader(const fs::path& label, const void* image, std::size_t size)
-    : TileReader(label, Image{image, size}, true) {}
+    : TileReader(label, Image{image, size}, nullptr) {}
 
-TileReader::TileReader(const fs::path& path, std::optional<Image> image, bool probe) : path_(path) {
+long long TileReader::string_attribute_reads_in_process() { return string_attr_reads; }
+
+TileReader::TileReader(const fs::path& path, std::optional<Image> image, std::string* record)
+    : path_(path) {
   h5::silence_errors();
   const std::string f = path.string();
   const std::uintmax_t size =
       image ? check_image_start(f, image->data, image->size) : check_file_start(path);
-  if (probe) {
-    // The same walk as below, first in a child process (libhdf5 crashes and hangs, h5_probe.hpp).
+  std::optional<StringAttrs> strings;
+  if (record) {
+    strings.emplace(record);  // this is the probe child's walk
+  } else {
+    // The same walk as below, first in a child process (libhdf5 crashes and hangs, h5_probe.hpp),
+    // which hands back the string attributes.
+    std::string probed;
     if (image) {
       // One long-lived child for every image (the fuzz target opens millions).
       static std::mutex mu;
-      static h5::ProbeWorker worker([](const std::string& bytes) {
-        const TileReader walked("image", Image{bytes.data(), bytes.size()}, false);
+      static h5::ProbeWorker worker([](const std::string& bytes, std::string& result) {
+        const TileReader walked("image", Image{bytes.data(), bytes.size()}, &result);
       });
       const std::lock_guard<std::mutex> lock(mu);
-      worker.run(f, "the file structure", image->data, image->size, h5::probe_seconds());
+      probed = worker.run(f, "the file structure", image->data, image->size, h5::probe_seconds());
     } else {
-      h5::probe_file_once(f, "the file structure",
-                          [&] { const TileReader walked(path, std::nullopt, false); });
+      probed = h5::probe_file_once(f, "the file structure", [&](std::string& result) {
+        const TileReader walked(path, std::nullopt, &result);
+      });
     }
+    strings.emplace(f, probed);
   }
   impl_ = std::make_unique<Impl>();
   impl_->file_size = size;
@@ -282,13 +378,13 @@ TileReader::TileReader(const fs::path& path, std::optional<Image> image, bool pr
   try {
     const H5::H5File& file = impl_->file;
     const Where root{f, "/"};
-    const std::string format = read_string_attr(file, "format", root);
+    const std::string format = strings->get(file, "format", root);
     KVARN_CHECK(format == kTileFormat, f, ": attribute 'format' is '", format, "', expected '",
                 kTileFormat, "' (not a tile file)");
     const long long version = read_int_attr(file, "format_version", root);
     KVARN_CHECK(version == kTileFormatVersion, f, ": unsupported format_version ", version,
                 " (this build reads version ", kTileFormatVersion, ")");
-    info_.model = read_string_attr(file, "model", root);
+    info_.model = strings->get(file, "model", root);
     info_.num_layers = read_positive_int_attr(file, "num_layers", root);
     info_.num_kv_heads = read_positive_int_attr(file, "num_kv_heads", root);
     info_.num_q_heads = read_positive_int_attr(file, "num_q_heads", root);
@@ -307,8 +403,8 @@ TileReader::TileReader(const fs::path& path, std::optional<Image> image, bool pr
                   " must be positive");
       info_.rope_theta = theta;
     }
-    info_.source = read_string_attr(file, "source", root);
-    info_.provenance = read_string_attr(file, "provenance", root);
+    info_.source = strings->get(file, "source", root);
+    info_.provenance = strings->get(file, "provenance", root);
 
     KVARN_CHECK(file.nameExists("layers"), f, ": /layers: missing dataset");
     const Where wl{f, "/layers"};
@@ -342,7 +438,7 @@ TileReader::TileReader(const fs::path& path, std::optional<Image> image, bool pr
       SequenceInfo si;
       si.name = names[i];
       si.num_tokens = read_positive_int_attr(g, "num_tokens", wg);
-      si.prompt_id = read_string_attr(g, "prompt_id", wg);
+      si.prompt_id = strings->get(g, "prompt_id", wg);
       const hsize_t T = si.num_tokens;
       for (const char* req : {"token_ids", "k", "v"}) {
         KVARN_CHECK(g.nameExists(req), f, ": ", gpath, "/", req, ": missing dataset");

@@ -191,10 +191,7 @@ void parse_run_keys(const Ctx& c, const YAML::Node& root, SweepConfig& cfg) {
 void note_missing_queries(SweepConfig& cfg) {
   if (!cfg.metrics.attention) return;
   for (const TilesSource& t : cfg.data.tiles) {
-    TileReader r(t.resolved);
-    bool any_q = false;
-    for (int s = 0; s < r.num_sequences(); ++s) any_q = any_q || r.sequence(s).has_q;
-    if (!any_q) {
+    if (!t.has_queries) {
       cfg.notices.push_back("warning: " + t.path +
                             " has no captured queries: attention metrics are skipped for it");
     }
@@ -300,7 +297,8 @@ SweepConfig load_config(const fs::path& path, const std::vector<std::string>& se
   if (const YAML::Node q = root["quality"]; present(q)) {
     require_map(c, q, "quality");
     check_keys(c, q, "quality", config_section_keys("quality"));
-    if (q["enabled"].IsDefined()) cfg.quality.enabled = get_bool(c, q["enabled"], "quality.enabled");
+    if (q["enabled"].IsDefined())
+      cfg.quality.enabled = get_bool(c, q["enabled"], "quality.enabled");
     if (cfg.quality.enabled) parse_quality(c, q, path, cfg);
   }
   if (const YAML::Node rn = root["retrieval"]; present(rn)) {

@@ -49,6 +49,11 @@ std::vector<TilesSource> parse_tiles(const Ctx& c, const YAML::Node& n, const st
     try {
       TileReader r(t.resolved);
       t.head_dim = r.info().head_dim;
+      t.num_sequences = r.num_sequences();
+      t.num_captured_layers = r.info().num_captured_layers();
+      t.num_kv_heads = r.info().num_kv_heads;
+      for (int s = 0; s < r.num_sequences(); ++s)
+        t.has_queries = t.has_queries || r.sequence(s).has_q;
     } catch (const Error& e) {
       c.fail_at(node, key, e.what());
     }
@@ -90,8 +95,7 @@ DataSelection parse_selection(const Ctx& c, const YAML::Node& n, const std::stri
               capture->captured_layers, capture->num_kv_heads);
   }
   for (const TilesSource& t : d.tiles) {
-    TileReader r(t.resolved);
-    check_all(t.path, r.num_sequences(), r.info().num_captured_layers(), r.info().num_kv_heads);
+    check_all(t.path, t.num_sequences, t.num_captured_layers, t.num_kv_heads);
   }
   return d;
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kvarn/data/error.hpp"
+#include "kvarn/data/h5_io.hpp"
 #include "kvarn/data/h5_probe.hpp"
 #include "kvarn/data/tile_file.hpp"
 
@@ -25,7 +26,8 @@ const fs::path kCrashes = fs::path(KVARN_SOURCE_DIR) / "fuzz" / "crashes" / "til
 
 std::string probe_error(const std::function<void()>& walk, double seconds) {
   try {
-    h5::run_probe("some/file.h5", "the file structure", walk, seconds);
+    h5::run_probe(
+        "some/file.h5", "the file structure", [&](std::string&) { walk(); }, seconds);
   } catch (const Error& e) {
     return e.what();
   }
@@ -35,6 +37,26 @@ std::string probe_error(const std::function<void()>& walk, double seconds) {
 TEST(H5Probe, FinishedWalkReturnsWhetherItThrewOrNot) {
   EXPECT_EQ(probe_error([] {}, 10), "");
   EXPECT_EQ(probe_error([] { fail("bad input"); }, 10), "");
+}
+
+// What the child's walk wrote comes back whole (more than a pipe holds at once), also when it
+// threw after writing.
+TEST(H5Probe, ResultOfTheWalkComesBack) {
+  const std::string big(3 << 20, 'x');
+  EXPECT_EQ(h5::run_probe(
+                "f.h5", "it", [&](std::string& r) { r = big; }, 30),
+            big);
+  EXPECT_EQ(h5::run_probe(
+                "f.h5", "it",
+                [](std::string& r) {
+                  r = "partial";
+                  fail("bad input");
+                },
+                30),
+            "partial");
+  EXPECT_EQ(h5::run_probe(
+                "f.h5", "it", [](std::string&) {}, 30),
+            "");
 }
 
 TEST(H5Probe, CrashIsOneErrorNamingTheFile) {
@@ -117,6 +139,78 @@ TEST(TileReaderUntrusted, InMemoryImageReadsLikeTheFile) {
   EXPECT_TRUE(a == b);
 }
 
+// libhdf5 read corrupt variable-length string attributes safely in the probe child and then
+// crashed on them in this process (fuzz/crashes/tile_reader/*_in_process.h5): the values come
+// from the child, and this process never lets libhdf5 read them.
+TEST(TileReaderUntrusted, StringAttributesAreReadOnlyByTheProbe) {
+  const fs::path f = fs::path(KVARN_SOURCE_DIR) / "tests" / "corpus" / "h5" / "valid.h5";
+  const std::vector<char> bytes = bytes_of(f);
+  const TileReader disk(f);
+  const TileReader mem("valid-in-memory.h5", bytes.data(), bytes.size());
+  for (const TileReader* r : {&disk, &mem}) {
+    EXPECT_FALSE(r->info().model.empty());
+    EXPECT_FALSE(r->info().provenance.empty());
+    EXPECT_EQ(r->info().model, disk.info().model);
+    EXPECT_EQ(r->info().source, disk.info().source);
+    EXPECT_EQ(r->info().provenance, disk.info().provenance);
+    ASSERT_EQ(r->num_sequences(), 1);
+    EXPECT_FALSE(r->sequence(0).prompt_id.empty());
+    EXPECT_EQ(r->sequence(0).prompt_id, disk.sequence(0).prompt_id);
+  }
+  for (const char* name : {"hdf5_vlen_global_heap_segv_in_process.h5",
+                           "hdf5_vlen_conversion_memcpy_overlap_in_process.h5",
+                           "hdf5_vlen_memcpy_overlap_in_process_2.h5"}) {
+    const std::vector<char> crash = bytes_of(kCrashes / name);
+    ASSERT_FALSE(crash.empty()) << name;
+    try {
+      const TileReader r(name, crash.data(), crash.size());
+      r.validate_values();
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(std::string(name) + ": ", 0), 0u) << e.what();
+    }
+  }
+  EXPECT_EQ(TileReader::string_attribute_reads_in_process(), 0);
+}
+
+// An error reading a string attribute in the child is the same error in this process.
+TEST(TileReaderUntrusted, StringAttributeErrorsComeBackFromTheProbe) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("kvarn-h5-strings-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path valid = fs::path(KVARN_SOURCE_DIR) / "tests" / "corpus" / "h5" / "valid.h5";
+  const fs::path int_model = dir / "int_model.h5", no_source = dir / "no_source.h5";
+  for (const fs::path& p : {int_model, no_source}) {
+    fs::copy_file(valid, p, fs::copy_options::overwrite_existing);
+    H5::H5File file(p.string(), H5F_ACC_RDWR);
+    if (p == int_model) {
+      file.removeAttr("model");
+      h5::write_int_attr(file, "model", 7);
+    } else {
+      file.removeAttr("source");
+    }
+  }
+  const std::pair<fs::path, std::string> cases[] = {
+      {int_model, ": /: attribute 'model' must be a string, is 64-bit integer"},
+      {no_source, ": /: missing attribute 'source'"}};
+  for (const auto& [p, message] : cases) {
+    const std::vector<char> bytes = bytes_of(p);
+    for (const bool image : {false, true}) {
+      try {
+        if (image) {
+          TileReader r(p, bytes.data(), bytes.size());
+        } else {
+          TileReader r(p);
+        }
+        ADD_FAILURE() << "opened " << p;
+      } catch (const Error& e) {
+        EXPECT_EQ(std::string(e.what()), p.string() + message);
+      }
+    }
+  }
+  fs::remove_all(dir);
+  EXPECT_EQ(TileReader::string_attribute_reads_in_process(), 0);
+}
+
 TEST(TileReaderUntrusted, InMemoryImageErrorsNameTheLabel) {
   const std::vector<char> bytes = bytes_of(kCrashes / "hdf5_global_heap_memcpy_overlap.h5");
   try {
@@ -140,7 +234,9 @@ TEST(TileReaderUntrusted, InMemoryImageErrorsNameTheLabel) {
 
 // The long-lived worker of in-memory images: each input's bytes say what the walk does.
 h5::ProbeWorker& scripted_worker() {
-  static h5::ProbeWorker worker([](const std::string& bytes) {
+  static h5::ProbeWorker worker([](const std::string& bytes, std::string& result) {
+    result = "walked " + bytes;
+    if (bytes == "big") result.append(3 << 20, 'x');
     if (bytes == "abort") std::abort();
     if (bytes == "spin") {
       volatile unsigned long sink = 0;
@@ -153,11 +249,21 @@ h5::ProbeWorker& scripted_worker() {
 
 std::string worker_error(const std::string& input, double seconds) {
   try {
-    scripted_worker().run("image.h5", "the file structure", input.data(), input.size(), seconds);
+    const std::string result = scripted_worker().run("image.h5", "the file structure", input.data(),
+                                                     input.size(), seconds);
+    EXPECT_EQ(result.substr(0, 7 + input.size()), "walked " + input);
   } catch (const Error& e) {
     return e.what();
   }
   return "";
+}
+
+TEST(ProbeWorker, ResultOfEachWalkComesBack) {
+  for (const std::string input : {"big", "ok", "big"}) {
+    const std::string r = scripted_worker().run("image.h5", "it", input.data(), input.size(), 30);
+    EXPECT_EQ(r.size(), 7 + input.size() + (input == "big" ? (3u << 20) : 0u));
+    EXPECT_EQ(r.substr(0, 10), "walked " + input.substr(0, 3));
+  }
 }
 
 TEST(ProbeWorker, CrashedWorkerIsReplacedEveryTime) {

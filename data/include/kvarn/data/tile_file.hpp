@@ -113,14 +113,21 @@ class TileReader {
   // Reads every slab once (bounded memory), so non-finite values anywhere are reported.
   void validate_values() const;
 
+  // How many string attributes libhdf5 has read in this process for tile readers: 0 while every
+  // reader is probed (only the probe child reads them, see StringAttrs in tile_file.cpp).
+  static long long string_attribute_reads_in_process();
+
  private:
   struct Impl;
   struct Image {
     const void* data = nullptr;
     std::size_t size = 0;
   };
-  // `image` null: read the file at `path`. `probe`: walk the structure in a child first.
-  TileReader(const std::filesystem::path& path, std::optional<Image> image, bool probe);
+  class StringAttrs;
+  // `image` null: read the file at `path`. `record` null: walk the structure in a probe child
+  // first and take the string attributes from it; else this is that child's walk, which reads
+  // them and appends them to *record.
+  TileReader(const std::filesystem::path& path, std::optional<Image> image, std::string* record);
   std::filesystem::path path_;
   std::unique_ptr<Impl> impl_;
   TileFileInfo info_;

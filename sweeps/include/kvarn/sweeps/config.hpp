@@ -32,6 +32,9 @@ struct TilesSource {
   std::string name;                // short label used in results ("sample")
   std::string fingerprint;         // file_fingerprint()
   int head_dim = 0;
+  // What the config checks need from the file, read once when the config is loaded.
+  int num_sequences = 0, num_captured_layers = 0, num_kv_heads = 0;
+  bool has_queries = false;  // some sequence has captured queries
 };
 
 // `data.capture` (or `data.fallback.capture`) with a local checkpoint: the engine captures real KV
@@ -124,7 +127,7 @@ struct SweepConfig {
   std::vector<CaseSpec> cases;
   MetricsSelection metrics;
   AccumulationSettings accumulation;
-  QualitySettings quality;  // `quality:` (config_quality.hpp)
+  QualitySettings quality;         // `quality:` (config_quality.hpp)
   RetrievalSettings retrieval;     // config_retrieval.hpp
   std::string throughput_results;  // "" when none
   std::filesystem::path throughput_resolved;
