@@ -38,14 +38,18 @@ void run_validate(const ValidateCliOptions& o) {
               cfg.hash.substr(0, 12).c_str());
   std::printf("run directory: %s\n", run_directory(cfg, 0, 1, false).string().c_str());
   const SweepEstimate e = estimate_sweep(cfg);
-  if (const auto& cap = cfg.data.capture) {
+  for (std::size_t i = 0; i < cfg.data.captures.size(); ++i) {
+    const CaptureSpec& cap = cfg.data.captures[i];
     std::printf(
-        "data: %s/%s (%s, head_dim %d): captured before the cases by %s from %s, %zu prompt(s) "
-        "of %s, generate %d, layers %s; estimated %s, %s\n",
-        run_directory(cfg, 0, 1, false).string().c_str(), kCaptureFile, cap->name.c_str(),
-        cap->head_dim, cap->key.c_str(), cap->model.c_str(), cap->sequence_tokens.size(),
-        cap->prompts.c_str(), cap->generate, cap->layers.c_str(),
-        Progress::format_duration(e.capture_seconds).c_str(), human_bytes(e.capture_bytes).c_str());
+        "data: %s/%s (%s, head_dim %d): captured before the cases by %s from %s, %zu "
+        "prompt(s) of %s, generate %d, layers %s\n",
+        run_directory(cfg, 0, 1, false).string().c_str(), capture_file(i).c_str(), cap.name.c_str(),
+        cap.head_dim, cap.key.c_str(), cap.model.c_str(), cap.sequence_tokens.size(),
+        cap.prompts.c_str(), cap.generate, cap.layers.c_str());
+  }
+  if (!cfg.data.captures.empty()) {
+    std::printf("capture estimated %s, %s\n", Progress::format_duration(e.capture_seconds).c_str(),
+                human_bytes(e.capture_bytes).c_str());
   }
   for (const TilesSource& t : cfg.data.tiles) {
     std::printf("data: %s (%s, head_dim %d, %s)\n", t.path.c_str(), t.name.c_str(), t.head_dim,

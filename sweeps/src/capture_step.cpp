@@ -1,4 +1,4 @@
-// `data.capture` in the engine: make or reuse <run_dir>/data/capture.h5 (capture_step.hpp).
+// `data.capture` in the engine: make or reuse <run_dir>/capture_file(i) (capture_step.hpp).
 #include "capture_step.hpp"
 
 #include <chrono>
@@ -39,14 +39,17 @@ std::string capture_problem(const fs::path& file, const std::string& hash) {
 
 }  // namespace
 
-CaptureStep prepare_capture(const SweepConfig& cfg, const fs::path& run_dir, bool needed,
-                            bool cases_finished, const std::string& command, std::FILE* log) {
-  KVARN_CHECK(cfg.data.capture.has_value(), "prepare_capture: the config has no data.capture");
-  const CaptureSpec& cap = *cfg.data.capture;
-  const fs::path file = run_dir / kCaptureFile;
+CaptureStep prepare_capture(const SweepConfig& cfg, std::size_t index, const fs::path& run_dir,
+                            bool needed, bool cases_finished, const std::string& command,
+                            std::FILE* log) {
+  KVARN_CHECK(index < cfg.data.captures.size(), "prepare_capture: the config has no capture ",
+              index);
+  const CaptureSpec& cap = cfg.data.captures[index];
+  const std::string rel = capture_file(index);
+  const fs::path file = run_dir / rel;
   CaptureStep step;
   step.provenance = {
-      {"file", kCaptureFile}, {"key", cap.key}, {"spec_hash", cap.hash}, {"spec", cap.resolved}};
+      {"file", rel}, {"key", cap.key}, {"spec_hash", cap.hash}, {"spec", cap.resolved}};
   const bool exists = fs::exists(file);
   std::string problem = exists ? capture_problem(file, cap.hash) : "does not exist";
   if (!problem.empty()) {
@@ -66,7 +69,7 @@ CaptureStep prepare_capture(const SweepConfig& cfg, const fs::path& run_dir, boo
     std::fflush(log);
     fs::create_directories(file.parent_path());
     const auto t0 = std::chrono::steady_clock::now();
-    runner_steps().capture(cfg, file, exists, command, log);
+    runner_steps().capture(cfg, cap, file, exists, command, log);
     step.provenance["status"] = "captured";
     step.provenance["seconds"] =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -79,7 +82,7 @@ CaptureStep prepare_capture(const SweepConfig& cfg, const fs::path& run_dir, boo
   }
   const TileReader r(file);
   step.available = true;
-  step.tiles.path = kCaptureFile;
+  step.tiles.path = rel;
   step.tiles.resolved = file;
   step.tiles.name = cap.name;
   step.tiles.head_dim = r.info().head_dim;

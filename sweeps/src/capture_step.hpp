@@ -1,5 +1,5 @@
 // The sweep engine's `data.capture` step (docs/results.md, "Captured data"): before any case reads
-// it, <run_dir>/data/capture.h5 must hold a capture of exactly the configured spec. It is made
+// it, <run_dir>/capture_file(i) must hold a capture of exactly the i-th configured spec. It is made
 // with eval's run_capture (temporary file + rename, so a kill leaves no file that looks complete),
 // reused on resume when the spec hash it records matches, and never silently replaced once a case
 // was computed from it. Internal to kvarn_sweeps.
@@ -25,9 +25,9 @@ struct CaptureStep {
 // some case of the run directory is finished; then a missing, unreadable or mismatching capture
 // file is an error instead of being (re)made, so results never mix two captures.
 // Throws kvarn::Error; in a build without the runner, always (config validation prevents that).
-CaptureStep prepare_capture(const SweepConfig& cfg, const std::filesystem::path& run_dir,
-                            bool needed, bool cases_finished, const std::string& command,
-                            std::FILE* log);
+CaptureStep prepare_capture(const SweepConfig& cfg, std::size_t index,
+                            const std::filesystem::path& run_dir, bool needed, bool cases_finished,
+                            const std::string& command, std::FILE* log);
 
 }  // namespace kvarn
 

@@ -227,8 +227,14 @@ void resolve(SweepConfig& cfg) {
                         {"layers", selection_json(cfg.data.layers)},
                         {"kv_heads", selection_json(cfg.data.kv_heads)},
                         {"max_tokens", cfg.data.max_tokens}};
-  // Only configs with a capture get the key, so tile-only run hashes (the golden) do not change.
-  if (cfg.data.capture) resolved_data["capture"] = cfg.data.capture->resolved;
+  // Only configs with a capture get the key, so tile-only run hashes (the golden) do not change;
+  // one capture is its spec, several a list of specs.
+  if (cfg.data.captures.size() == 1) resolved_data["capture"] = cfg.data.captures[0].resolved;
+  if (cfg.data.captures.size() > 1) {
+    json specs = json::array();
+    for (const CaptureSpec& cap : cfg.data.captures) specs.push_back(cap.resolved);
+    resolved_data["capture"] = specs;
+  }
   cfg.resolved = {
       {"schema_version", kConfigSchemaVersion},
       {"name", cfg.name},

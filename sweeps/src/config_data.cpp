@@ -1,4 +1,4 @@
-// The `data` block of a sweep config (and `data.fallback`): tile files, selections, a capture.
+// The `data` block of a sweep config (and `data.fallback`): tile files, selections, captures.
 #include <algorithm>
 
 #include "config_parse.hpp"
@@ -18,11 +18,12 @@ constexpr const char* kSection = "data";
 // The tile files of a data block, each opened (header validated) and named after its stem.
 std::vector<TilesSource> parse_tiles(const Ctx& c, const YAML::Node& n, const std::string& path,
                                      const fs::path& config_path,
-                                     const std::optional<CaptureSpec>& capture) {
+                                     const std::vector<CaptureSpec>& captures) {
   const std::string tkey = join_key(path, "tiles");
   const YAML::Node tiles = n["tiles"];
   const bool no_tiles = !present(tiles);
-  if (no_tiles && !capture) c.fail_at(n, tkey, "missing (an HDF5 tile file, or a capture block)");
+  if (no_tiles && captures.empty())
+    c.fail_at(n, tkey, "missing (an HDF5 tile file, or a capture block)");
   std::vector<std::pair<YAML::Node, std::string>> entries;
   if (no_tiles) {
   } else if (tiles.IsSequence()) {
@@ -34,7 +35,7 @@ std::vector<TilesSource> parse_tiles(const Ctx& c, const YAML::Node& n, const st
     entries.emplace_back(tiles, tkey);
   }
   std::set<std::string> names;
-  if (capture) names.insert(capture->name);
+  for (const CaptureSpec& cap : captures) names.insert(cap.name);
   std::vector<TilesSource> out;
   for (const auto& [node, key] : entries) {
     TilesSource t;
@@ -68,13 +69,13 @@ std::vector<TilesSource> parse_tiles(const Ctx& c, const YAML::Node& n, const st
 }
 
 // Parses tiles/sequences/layers/kv_heads/max_tokens of `data` or `data.fallback`. The tiles may
-// be absent when `capture` is given; the selection then applies to the captured file too.
+// be absent when captures are given; the selection then applies to every captured file too.
 DataSelection parse_selection(const Ctx& c, const YAML::Node& n, const std::string& path,
                               const fs::path& config_path,
-                              const std::optional<CaptureSpec>& capture) {
+                              const std::vector<CaptureSpec>& captures) {
   DataSelection d;
-  d.capture = capture;
-  d.tiles = parse_tiles(c, n, path, config_path, capture);
+  d.captures = captures;
+  d.tiles = parse_tiles(c, n, path, config_path, captures);
   for (auto [k, out] :
        {std::pair<const char*, std::optional<std::vector<int>>*>{"sequences", &d.sequences},
         {"layers", &d.layers},
@@ -90,9 +91,9 @@ DataSelection parse_selection(const Ctx& c, const YAML::Node& n, const std::stri
     check_selection(c, n["kv_heads"], join_key(path, "kv_heads"), d.kv_heads, kv_heads, file,
                     "KV heads");
   };
-  if (capture) {
-    check_all("the capture of " + capture->key, static_cast<int>(capture->sequence_tokens.size()),
-              capture->captured_layers, capture->num_kv_heads);
+  for (const CaptureSpec& cap : captures) {
+    check_all("the capture of " + cap.key, static_cast<int>(cap.sequence_tokens.size()),
+              cap.captured_layers, cap.num_kv_heads);
   }
   for (const TilesSource& t : d.tiles) {
     check_all(t.path, t.num_sequences, t.num_captured_layers, t.num_kv_heads);
@@ -100,51 +101,85 @@ DataSelection parse_selection(const Ctx& c, const YAML::Node& n, const std::stri
   return d;
 }
 
+// The capture blocks of `capture:` (one mapping, or a list of them), each with its key.
+std::vector<std::pair<YAML::Node, std::string>> capture_blocks(const Ctx& c, const YAML::Node& cn,
+                                                               const std::string& key) {
+  std::vector<std::pair<YAML::Node, std::string>> blocks;
+  if (!cn.IsSequence()) {
+    blocks.emplace_back(cn, key);
+    return blocks;
+  }
+  if (cn.size() == 0) c.fail_at(cn, key, "empty list of capture blocks");
+  for (std::size_t i = 0; i < cn.size(); ++i)
+    blocks.emplace_back(cn[i], key + "." + std::to_string(i));
+  return blocks;
+}
+
+// A second capture of the same checkpoint directory name gets "_2", "_3", ... (the `data` label
+// of its results must be unique).
+void make_capture_names_unique(std::vector<CaptureSpec>& captures) {
+  std::set<std::string> names;
+  for (CaptureSpec& cap : captures) {
+    const std::string base = cap.name;
+    for (int i = 2; names.count(cap.name); ++i) cap.name = base + "_" + std::to_string(i);
+    names.insert(cap.name);
+  }
+}
+
 // One data block (`data` or `data.fallback`) into cfg.data. Returns false, with *remote set to the
-// model, when its capture names a model that is not on disk (a hub id).
+// model, when one of its captures names a model that is not on disk (a hub id).
 bool parse_data_block(const Ctx& c, const YAML::Node& n, const std::string& path,
                       const fs::path& config_path, SweepConfig& cfg, std::string* remote) {
   const YAML::Node cn = n["capture"];
   const bool has_tiles = n["tiles"].IsDefined() && !n["tiles"].IsNull();
-  std::optional<CaptureSpec> capture;
+  std::vector<CaptureSpec> captures;
   if (cn.IsDefined() && !cn.IsNull()) {
-    const std::string key = join_key(path, "capture");
-    CaptureSpec cap;
-    if (!parse_capture(c, cn, key, config_path, cap)) {
-      *remote = cap.model;
-      return false;
+    for (const auto& [block, key] : capture_blocks(c, cn, join_key(path, "capture"))) {
+      CaptureSpec cap;
+      if (!parse_capture(c, block, key, config_path, cap)) {
+        // data.fallback replaces a single capture; a list names only checkpoints on disk.
+        if (cn.IsSequence()) {
+          c.fail_at(block["model"], key + ".model",
+                    "'" + cap.model +
+                        "' is not a local checkpoint directory (no config.json found); every "
+                        "block of a list of captures must name one");
+        }
+        *remote = cap.model;
+        return false;
+      }
+      if (runner_steps().available()) {
+        captures.push_back(std::move(cap));
+      } else if (path != "data" && has_tiles) {
+        // A fallback with tiles still runs (as accumulation does); anything else would measure
+        // something other than what the config asks for.
+        cfg.notices.push_back(cfg.name + ": " + key +
+                              " skipped: this kvarn-eval was built without the libtorch model "
+                              "runner; running on " +
+                              join_key(path, "tiles") + " only");
+      } else {
+        c.fail_at(block, key,
+                  "capturing from " + cap.model +
+                      " needs the libtorch model runner, and this kvarn-eval was built without "
+                      "it (scripts/install_deps.sh installs torch; rebuild), or capture elsewhere "
+                      "and point " +
+                      join_key(path, "tiles") + " at the file");
+      }
     }
-    if (runner_steps().available()) {
-      capture = std::move(cap);
-    } else if (path != "data" && has_tiles) {
-      // A fallback with tiles still runs (as accumulation does); anything else would measure
-      // something other than what the config asks for.
-      cfg.notices.push_back(cfg.name + ": " + key +
-                            " skipped: this kvarn-eval was built without the libtorch model "
-                            "runner; running on " +
-                            join_key(path, "tiles") + " only");
-    } else {
-      c.fail_at(cn, key,
-                "capturing from " + cap.model +
-                    " needs the libtorch model runner, and this kvarn-eval was built without it "
-                    "(scripts/install_deps.sh installs torch; rebuild), or capture elsewhere and "
-                    "point " +
-                    join_key(path, "tiles") + " at the file");
-    }
+    make_capture_names_unique(captures);
   } else if (!has_tiles) {
     c.fail_at(n, join_key(path, "tiles"), "missing (an HDF5 tile file, or a capture block)");
   }
-  cfg.data = parse_selection(c, n, path, config_path, capture);
+  cfg.data = parse_selection(c, n, path, config_path, captures);
   return true;
 }
 
 // What a fallback run measures instead of the configured workload, for the notice.
 std::string fallback_notice(const SweepConfig& cfg, const std::string& remote) {
   std::string what;
-  if (const auto& cap = cfg.data.capture) {
-    what = "a capture from " + cap->model + " (" + std::to_string(cap->sequence_tokens.size()) +
-           " prompt(s) of " + cap->prompts + ", " + std::to_string(cap->generate) +
-           " generated tokens)";
+  for (const CaptureSpec& cap : cfg.data.captures) {
+    what += (what.empty() ? "" : " + ") + std::string("a capture from ") + cap.model + " (" +
+            std::to_string(cap.sequence_tokens.size()) + " prompt(s) of " + cap.prompts + ", " +
+            std::to_string(cap.generate) + " generated tokens)";
   }
   for (const TilesSource& t : cfg.data.tiles) what += (what.empty() ? "" : " + ") + t.path;
   return cfg.name + ": data.capture.model '" + remote +
@@ -175,7 +210,7 @@ void parse_data(const Ctx& c, const YAML::Node& root, const fs::path& config_pat
   }
   std::string remote;
   if (parse_data_block(c, data, "data", config_path, cfg, &remote)) {
-    cfg.data.source = cfg.data.capture ? "capture" : "tiles";
+    cfg.data.source = cfg.data.captures.empty() ? "tiles" : "capture";
     return;
   }
   if (!has_fallback) {

@@ -32,7 +32,7 @@ constexpr std::array kKeys = {
     ConfigKey{"data", "layers", T::kSelection, 0, kIntMax, "all", "captured-layer indices"},
     ConfigKey{"data", "kv_heads", T::kSelection, 0, kIntMax, "all", "KV head indices"},
     ConfigKey{"data", "max_tokens", T::kInt, 0, kIntMax, "0", "first N tokens; 0 = all"},
-    ConfigKey{"data", "capture", T::kMapping, 0, 0, "absent", "capture from a local checkpoint"},
+    ConfigKey{"data", "capture", T::kMapping, 0, 0, "absent", "capture(s) from local checkpoints"},
     ConfigKey{"data", "fallback", T::kMapping, 0, 0, "absent", "data when the model is a hub id"},
     // data.capture (and data.fallback.capture).
     ConfigKey{"data.capture", "model", T::kString, 0, 0, "required", "checkpoint or hub id"},

@@ -88,7 +88,7 @@ void add_case(const Ctx& c, const MethodInput& in, std::set<std::string>& seen, 
   std::unique_ptr<Method> m;
   try {
     m = make_method(in.text);
-    if (cfg.data.capture) m->check_head_dim(cfg.data.capture->head_dim);
+    for (const CaptureSpec& cap : cfg.data.captures) m->check_head_dim(cap.head_dim);
     for (const TilesSource& t : cfg.data.tiles) m->check_head_dim(t.head_dim);
   } catch (const Error& e) {
     c.fail_at(in.node, in.key, e.what());
@@ -105,7 +105,8 @@ void add_case(const Ctx& c, const MethodInput& in, std::set<std::string>& seen, 
   cs.spec = spec;
   cs.family = m->family();
   cs.bits_per_element =
-      m->accounting(cfg.data.capture ? cfg.data.capture->head_dim : cfg.data.tiles.front().head_dim)
+      m->accounting(cfg.data.captures.empty() ? cfg.data.tiles.front().head_dim
+                                              : cfg.data.captures.front().head_dim)
           .bits_per_element();
   cfg.cases.push_back(cs);
 }

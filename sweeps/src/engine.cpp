@@ -731,7 +731,7 @@ std::string write_provenance(const SweepConfig& cfg, const SweepOptions& opts,
                      {"seeds", seeds},
                      {"shard", {{"index", opts.shard_index}, {"count", opts.shard_count}}},
                      {"kvarn_eval_version", "0.1.0"}};
-  if (cfg.data.capture) prov_extra["capture"] = capture_prov;
+  if (!cfg.data.captures.empty()) prov_extra["capture"] = capture_prov;
   const json prov = collect_provenance(prov_extra);
   const std::string prov_text = prov.dump(2) + "\n";
   const std::string digest = sha256_hex(prov_text).substr(0, 16);
@@ -800,20 +800,29 @@ SweepResult run_sweep(const SweepConfig& cfg, const SweepOptions& opts) {
     }
   }
 
-  // data.capture: the captured file joins the data files (first) before any case reads it.
+  // data.capture: the captured files join the data files (first, in order) before any case
+  // reads them.
   SweepConfig captured_cfg;
   const SweepConfig* run_cfg = &cfg;
   json capture_prov;
-  if (cfg.data.capture) {
+  if (!cfg.data.captures.empty()) {
     const bool any_finished = std::any_of(
         cfg.cases.begin(), cfg.cases.end(),
         [&](const CaseSpec& c) { return store.case_done(c.id, c.spec, cfg.metrics.arrays); });
-    const CaptureStep step =
-        prepare_capture(cfg, res.run_dir, !pending.empty(), any_finished, opts.command, opts.log);
-    capture_prov = step.provenance;
-    if (step.available) {
-      captured_cfg = cfg;
-      captured_cfg.data.tiles.insert(captured_cfg.data.tiles.begin(), step.tiles);
+    captured_cfg = cfg;
+    std::vector<TilesSource> captured;
+    json provs = json::array();
+    for (std::size_t i = 0; i < cfg.data.captures.size(); ++i) {
+      const CaptureStep step = prepare_capture(cfg, i, res.run_dir, !pending.empty(), any_finished,
+                                               opts.command, opts.log);
+      provs.push_back(step.provenance);
+      if (step.available) captured.push_back(step.tiles);
+    }
+    // One capture records its provenance as an object (as before lists existed), several a list.
+    capture_prov = provs.size() == 1 ? provs[0] : provs;
+    if (!captured.empty()) {
+      captured_cfg.data.tiles.insert(captured_cfg.data.tiles.begin(), captured.begin(),
+                                     captured.end());
       run_cfg = &captured_cfg;
     }
   }

@@ -40,25 +40,25 @@ SweepEstimate estimate_sweep(const SweepConfig& cfg) {
     per_case_bytes += slabs * (kCaseJsonBytesPerSlab + kSummaryBytesPerSlab);
     if (cfg.metrics.arrays) per_case_bytes += slabs * tok * kArrayBytesPerToken;
   };
-  if (const auto& cap = cfg.data.capture) {
-    const int n = static_cast<int>(cap->sequence_tokens.size());
+  for (const CaptureSpec& cap : cfg.data.captures) {
+    const int n = static_cast<int>(cap.sequence_tokens.size());
     const std::vector<int> seqs = cfg.data.sequences.value_or(std::vector<int>());
     const double layers =
-        cfg.data.layers ? static_cast<double>(cfg.data.layers->size()) : cap->captured_layers;
+        cfg.data.layers ? static_cast<double>(cfg.data.layers->size()) : cap.captured_layers;
     const double heads =
-        cfg.data.kv_heads ? static_cast<double>(cfg.data.kv_heads->size()) : cap->num_kv_heads;
+        cfg.data.kv_heads ? static_cast<double>(cfg.data.kv_heads->size()) : cap.num_kv_heads;
     for (int s = 0; s < n; ++s) {
-      const double tok = cap->sequence_tokens[static_cast<std::size_t>(s)];
+      const double tok = cap.sequence_tokens[static_cast<std::size_t>(s)];
       // The capture: prompt prefill, one decode step per generated token, one capture prefill.
-      e.capture_seconds += cap->weight_bytes *
+      e.capture_seconds += cap.weight_bytes *
                            (2.0 * tok * kAccumulationSecondsPerTokenByte +
-                            std::min<double>(cap->generate, tok) * kAccumulationSecondsPerStepByte);
-      e.capture_bytes += tok * cap->captured_layers * cap->head_dim * 2.0 *
-                         (3.0 * cap->num_kv_heads + cap->captured_q_heads);
+                            std::min<double>(cap.generate, tok) * kAccumulationSecondsPerStepByte);
+      e.capture_bytes += tok * cap.captured_layers * cap.head_dim * 2.0 *
+                         (3.0 * cap.num_kv_heads + cap.captured_q_heads);
       if (cfg.data.sequences && std::find(seqs.begin(), seqs.end(), s) == seqs.end()) continue;
       add_sequence(layers * heads, tok,
-                   static_cast<double>(cap->captured_q_heads) / std::max(1, cap->num_kv_heads),
-                   cap->captured_q_heads > 0, cap->head_dim);
+                   static_cast<double>(cap.captured_q_heads) / std::max(1, cap.num_kv_heads),
+                   cap.captured_q_heads > 0, cap.head_dim);
     }
   }
   for (const TilesSource& t : cfg.data.tiles) {

@@ -167,9 +167,8 @@ void resolve_capture_spec(CaptureSpec& cap) {
 
 // The engine's capture: the same run_capture as `kvarn-eval capture`, with the sweep's
 // provenance and the spec hash a resume compares.
-void run_capture_into(const SweepConfig& cfg, const fs::path& file, bool overwrite,
-                      const std::string& command, std::FILE* log) {
-  const CaptureSpec& cap = *cfg.data.capture;
+void run_capture_into(const SweepConfig& cfg, const CaptureSpec& cap, const fs::path& file,
+                      bool overwrite, const std::string& command, std::FILE* log) {
   CaptureOptions o;
   o.model_dir = cap.model_resolved;
   o.prompts = cap.prompts_resolved;
@@ -216,9 +215,9 @@ class TorchRunnerSteps final : public RunnerSteps {
     const ModelConfig mc = load_model_config(config_json);
     return {mc.head_dim, mc.num_layers, mc.vocab_size, mc.max_position_embeddings};
   }
-  void capture(const SweepConfig& cfg, const fs::path& file, bool overwrite,
+  void capture(const SweepConfig& cfg, const CaptureSpec& cap, const fs::path& file, bool overwrite,
                const std::string& command, std::FILE* log) const override {
-    run_capture_into(cfg, file, overwrite, command, log);
+    run_capture_into(cfg, cap, file, overwrite, command, log);
   }
   AccumulationCase accumulation_case(const SweepConfig& cfg, const CaseSpec& cs) const override {
     return run_accumulation_case(cfg, cs);

@@ -41,8 +41,10 @@ class RunnerSteps {
   // The shape of a checkpoint; throws kvarn::Error (an unsupported or malformed config.json).
   virtual CheckpointShape checkpoint_shape(const std::filesystem::path& config_json) const = 0;
 
-  // Captures cfg.data.capture into `file` (temporary + rename; capture_step.cpp decides when).
-  virtual void capture(const SweepConfig& cfg, const std::filesystem::path& file, bool overwrite,
+  // Captures `cap` (one of cfg.data.captures) into `file` (temporary + rename; capture_step.cpp
+  // decides when).
+  virtual void capture(const SweepConfig& cfg, const CaptureSpec& cap,
+                       const std::filesystem::path& file, bool overwrite,
                        const std::string& command, std::FILE* log) const = 0;
 
   // The accumulation protocols of one case (accumulation_case.hpp) and their arrays.

@@ -23,9 +23,9 @@ class NoRunnerSteps final : public RunnerSteps {
   CheckpointShape checkpoint_shape(const std::filesystem::path& config_json) const override {
     no_runner(config_json.string());
   }
-  void capture(const SweepConfig& cfg, const std::filesystem::path&, bool, const std::string&,
-               std::FILE*) const override {
-    no_runner(cfg.data.capture ? cfg.data.capture->key : std::string("data.capture"));
+  void capture(const SweepConfig&, const CaptureSpec& cap, const std::filesystem::path&, bool,
+               const std::string&, std::FILE*) const override {
+    no_runner(cap.key);
   }
   AccumulationCase accumulation_case(const SweepConfig&, const CaseSpec&) const override {
     no_runner("accumulation");

@@ -1,6 +1,7 @@
 """Tests of data/prompts/make_matched_prompts.py (run by pytest): the shipped
-matched_long_fixture_ids.jsonl is exactly what the script writes (16 disjoint 2176-token windows
-of the held-out text's fixture token ids, window i from token 15000 i), byte for byte."""
+matched_long_fixture_ids.jsonl and matched_long_smollm2_ids.jsonl are exactly what the script
+writes (16 disjoint 2176-token windows of the held-out text's token ids of each model, window i
+from token 15000 i), byte for byte."""
 import json
 import os
 import shutil
@@ -8,16 +9,26 @@ import subprocess
 import sys
 import tempfile
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROMPTS = os.path.join(ROOT, "data", "prompts")
-SHIPPED = os.path.join(PROMPTS, "matched_long_fixture_ids.jsonl")
-HELDOUT = os.path.join(ROOT, "data", "heldout", "heldout_fixture_ids.jsonl")
+MODELS = ("fixture", "smollm2")
 
 
-def test_windows_are_disjoint_slices_of_the_heldout_ids():
-    with open(HELDOUT, encoding="utf-8") as f:
+def shipped(model):
+    return os.path.join(PROMPTS, "matched_long_%s_ids.jsonl" % model)
+
+
+def heldout(model):
+    return os.path.join(ROOT, "data", "heldout", "heldout_%s_ids.jsonl" % model)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_windows_are_disjoint_slices_of_the_heldout_ids(model):
+    with open(heldout(model), encoding="utf-8") as f:
         ids = json.loads(f.readline())["token_ids"]
-    with open(SHIPPED, encoding="utf-8") as f:
+    with open(shipped(model), encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
     assert [r["id"] for r in rows] == ["heldout-w%02d" % i for i in range(16)]
     for i, r in enumerate(rows):
@@ -26,16 +37,19 @@ def test_windows_are_disjoint_slices_of_the_heldout_ids():
     assert 15 * 15000 + 2176 <= len(ids)
 
 
-def test_script_rewrites_the_shipped_file_byte_for_byte():
+def test_script_rewrites_the_shipped_files_byte_for_byte():
     with tempfile.TemporaryDirectory() as tmp:
         # The script writes next to itself: run a copy inside a scratch tree of the same layout.
         dst = os.path.join(tmp, "data", "prompts")
         os.makedirs(dst)
         os.makedirs(os.path.join(tmp, "data", "heldout"))
         shutil.copy(os.path.join(PROMPTS, "make_matched_prompts.py"), dst)
-        os.symlink(HELDOUT, os.path.join(tmp, "data", "heldout", "heldout_fixture_ids.jsonl"))
+        for model in MODELS:
+            os.symlink(heldout(model),
+                       os.path.join(tmp, "data", "heldout", os.path.basename(heldout(model))))
         subprocess.run([sys.executable, os.path.join(dst, "make_matched_prompts.py")], check=True)
-        with open(os.path.join(dst, "matched_long_fixture_ids.jsonl"), "rb") as a, \
-                open(SHIPPED, "rb") as b:
-            assert a.read() == b.read()
-        assert not os.path.exists(os.path.join(dst, "matched_long_fixture_ids.jsonl.tmp"))
+        for model in MODELS:
+            out = os.path.join(dst, os.path.basename(shipped(model)))
+            with open(out, "rb") as a, open(shipped(model), "rb") as b:
+                assert a.read() == b.read()
+            assert not os.path.exists(out + ".tmp")

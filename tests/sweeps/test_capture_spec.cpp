@@ -100,8 +100,10 @@ TEST_F(CaptureSpecTest, KeyAndTypeErrorsNameFileLineColumnAndKey) {
   expect_has(e, file + ":5:5: key 'data.capture.modle': unknown key (nearest: model)");
   e = error_of(replaced(capture_block(), "generate: 8", "generate: lots"));
   expect_has(e, "key 'data.capture.generate': expected an integer, got scalar 'lots'");
+  expect_has(error_of("  capture: 5\n"), file + ":4:12: key 'data.capture': expected a mapping");
+  // A list is a list of capture blocks: each item must be one.
   expect_has(error_of("  capture: [a, b]\n"),
-             file + ":4:12: key 'data.capture': expected a mapping");
+             file + ":4:13: key 'data.capture.0': expected a mapping, got scalar 'a'");
   expect_has(error_of("  capture: {prompts: p.jsonl}\n"), "key 'data.capture.model': missing");
   expect_has(error_of("  capture: {model: Qwen/Qwen3-8B, prompts: p.jsonl, device: tpu}\n"),
              "key 'data.capture.device': expected cpu, cuda or cuda:N");
@@ -160,10 +162,10 @@ TEST_F(CaptureSpecTest, SpecIsCheckedAgainstCheckpointAndPromptsBeforeAnythingRu
 TEST_F(CaptureSpecTest, SweepCapturesRunsEveryCaseRecordsProvenanceAndResumes) {
   ASSERT_TRUE(has_model()) << "committed fixture model missing: " << fixture_model();
   const SweepConfig cfg = load_config(config(capture_block()));
-  ASSERT_TRUE(cfg.data.capture.has_value());
+  ASSERT_FALSE(cfg.data.captures.empty());
   EXPECT_EQ(cfg.data.source, "capture");
   EXPECT_TRUE(cfg.data.tiles.empty());
-  const CaptureSpec& cap = *cfg.data.capture;
+  const CaptureSpec& cap = cfg.data.captures.front();
   EXPECT_EQ(cap.head_dim, 128);
   EXPECT_EQ(cap.captured_layers, 2);
   EXPECT_EQ(cap.sequence_tokens.size(), 2u);
@@ -268,7 +270,7 @@ TEST_F(CaptureSpecTest, BrokenCaptureFileWithNoFinishedCaseIsRedone) {
   expect_has(log, "is unreadable");
   expect_has(log, "capturing again");
   EXPECT_EQ(json::parse(TileReader(file).info().provenance)["sweep"]["spec_hash"],
-            cfg.data.capture->hash);
+            cfg.data.captures.front().hash);
 }
 
 TEST_F(CaptureSpecTest, ValidateReportsTheCaptureStep) {
@@ -295,8 +297,8 @@ TEST_F(CaptureSpecTest, LocalFallbackCaptureRunsWithNoticeForHubModel) {
              "  fallback:\n" +
              capture_block("", "    ") + "    tiles: [" + sample_tiles().string() + "]\n"));
   EXPECT_EQ(cfg.data.source, "fallback");
-  ASSERT_TRUE(cfg.data.capture.has_value());
-  EXPECT_EQ(cfg.data.capture->key, "data.fallback.capture");
+  ASSERT_FALSE(cfg.data.captures.empty());
+  EXPECT_EQ(cfg.data.captures.front().key, "data.fallback.capture");
   ASSERT_EQ(cfg.data.tiles.size(), 1u);
   std::string log;
   const SweepResult r = sweep(cfg, &log, {"0"});
@@ -312,6 +314,86 @@ TEST_F(CaptureSpecTest, LocalFallbackCaptureRunsWithNoticeForHubModel) {
   EXPECT_EQ(data, (std::set<std::string>{"fixture-qwen3-h128", "sample"}));
 }
 
+// Two capture blocks (here the same checkpoint twice, as two models of different head_dim would
+// be): two files, each its own spec, both measured, the second labelled apart; resume reuses both.
+TEST_F(CaptureSpecTest, ListOfCapturesMakesOneFileEachAndMeasuresBoth) {
+  ASSERT_TRUE(has_model()) << "committed fixture model missing: " << fixture_model();
+  const std::string common = "model: " + fixture_model().string() +
+                             ", prompts: " + source_path("data/prompts/aime_style.jsonl").string() +
+                             ", max_tokens: 40, threads: 1";
+  const std::string data = "  capture:\n    - {" + common +
+                           ", prompt_ids: [aime-style-02], layers: [0], query_heads: [0, 2]}\n"
+                           "    - {" +
+                           common +
+                           ", prompt_ids: [aime-style-03, aime-style-04], layers: [7], "
+                           "query_heads: [1]}\n";
+  const SweepConfig cfg = load_config(config(data));
+  ASSERT_EQ(cfg.data.captures.size(), 2u);
+  EXPECT_EQ(cfg.data.source, "capture");
+  EXPECT_EQ(cfg.data.captures[0].key, "data.capture.0");
+  EXPECT_EQ(cfg.data.captures[1].key, "data.capture.1");
+  EXPECT_EQ(cfg.data.captures[0].name, "fixture-qwen3-h128");
+  EXPECT_EQ(cfg.data.captures[1].name, "fixture-qwen3-h128_2");
+  EXPECT_NE(cfg.data.captures[0].hash, cfg.data.captures[1].hash);
+  ASSERT_TRUE(cfg.resolved["data"]["capture"].is_array());
+  ASSERT_EQ(cfg.resolved["data"]["capture"].size(), 2u);
+  EXPECT_EQ(cfg.resolved["data"]["capture"][1]["prompt_ids"],
+            json::array({"aime-style-03", "aime-style-04"}));
+  EXPECT_EQ(estimate_sweep(cfg).slabs, 1 * 1 * 2 + 2 * 1 * 2);  // sequences x layers x KV heads
+  EXPECT_EQ(capture_file(0), kCaptureFile);
+  EXPECT_EQ(capture_file(1), "data/capture_2.h5");
+
+  std::string log;
+  const SweepResult r = sweep(cfg, &log);
+  ASSERT_EQ(r.finished, 3) << log;
+  expect_has(log, "capturing data.capture.0 from ");
+  expect_has(log, "capturing data.capture.1 from ");
+  const fs::path first = r.run_dir / capture_file(0), second = r.run_dir / capture_file(1);
+  ASSERT_TRUE(fs::is_regular_file(first));
+  ASSERT_TRUE(fs::is_regular_file(second));
+  EXPECT_EQ(TileReader(first).num_sequences(), 1);
+  EXPECT_EQ(TileReader(second).num_sequences(), 2);
+  EXPECT_EQ(TileReader(second).info().layers, (std::vector<int>{7}));
+  EXPECT_EQ(json::parse(TileReader(second).info().provenance)["sweep"]["spec_hash"],
+            cfg.data.captures[1].hash);
+  const json prov = json::parse(slurp_file(r.run_dir / "provenance.json"));
+  ASSERT_TRUE(prov["capture"].is_array()) << prov.dump(1);
+  ASSERT_EQ(prov["capture"].size(), 2u);
+  EXPECT_EQ(prov["capture"][1]["file"], "data/capture_2.h5");
+  EXPECT_EQ(prov["capture"][1]["status"], "captured");
+
+  // Every (sequence, layer, KV head) of both captures is measured, under its own label: the
+  // pooled row's bootstrap units are the first capture's 2 and the second's 4.
+  std::map<std::string, int> units;  // data label -> units of the pooled key NMSE (kvarn case)
+  std::istringstream lines(slurp_file(r.run_dir / "summary.jsonl"));
+  for (std::string line; std::getline(lines, line);) {
+    const json row = json::parse(line);
+    if (row["metric"] != "key.end_to_end.nmse" || row["layer"] != "all") continue;
+    if (row["family"] == "kvarn") units[row["data"].get<std::string>()] = row["ci_units"];
+  }
+  EXPECT_EQ(units,
+            (std::map<std::string, int>{{"fixture-qwen3-h128", 2}, {"fixture-qwen3-h128_2", 4}}));
+  const json rec = json::parse(slurp_file(r.run_dir / "cases" / (cfg.cases[1].id + ".json")));
+  EXPECT_EQ(rec["slabs"].size(), 6u);
+
+  // Resume: both files reused, none captured again.
+  const std::string sha = sha256_file_hex(second);
+  fs::remove(r.run_dir / "cases" / (cfg.cases[2].id + ".json"));
+  const SweepResult again = sweep(load_config(config(data)), &log);
+  EXPECT_EQ(again.computed, 1);
+  EXPECT_EQ(log.find("capturing"), std::string::npos) << log;
+  expect_has(log, "reusing " + second.string());
+  EXPECT_EQ(sha256_file_hex(second), sha);
+
+  // Errors name the block; a hub id inside a list is an error, never a silent fallback.
+  expect_has(error_of("  capture:\n    - {" + common + "}\n    - {" + common + ", modle: x}\n"),
+             "key 'data.capture.1.modle': unknown key");
+  expect_has(error_of("  capture:\n    - {" + common +
+                      "}\n    - {model: Qwen/Qwen3-8B, prompts: p.jsonl}\n"),
+             "key 'data.capture.1.model': 'Qwen/Qwen3-8B' is not a local checkpoint directory");
+  expect_has(error_of("  capture: []\n"), "key 'data.capture': empty list of capture blocks");
+}
+
 #else  // !KVARN_HAVE_RUNNER
 
 TEST_F(CaptureSpecTest, WithoutTheRunnerALocalCaptureIsAConfigError) {
@@ -324,7 +406,7 @@ TEST_F(CaptureSpecTest, WithoutTheRunnerALocalCaptureIsAConfigError) {
   const SweepConfig cfg = load_config(
       config("  capture: {model: Qwen/Qwen3-8B, prompts: p.jsonl}\n  fallback:\n" +
              capture_block("", "    ") + "    tiles: [" + sample_tiles().string() + "]\n"));
-  EXPECT_FALSE(cfg.data.capture.has_value());
+  EXPECT_TRUE(cfg.data.captures.empty());
   ASSERT_GE(cfg.notices.size(), 2u);
   expect_has(cfg.notices[0], "data.fallback.capture skipped: this kvarn-eval was built without");
 }
@@ -338,7 +420,7 @@ TEST_F(CaptureSpecTest, HubModelFallsBackToTilesWithANotice) {
                          "  fallback: {tiles: " +
                          sample_tiles().string() + ", sequences: [0], max_tokens: 64}\n"));
   EXPECT_EQ(cfg.data.source, "fallback");
-  EXPECT_FALSE(cfg.data.capture.has_value());
+  EXPECT_TRUE(cfg.data.captures.empty());
   EXPECT_FALSE(cfg.resolved["data"].contains("capture"));
   ASSERT_FALSE(cfg.notices.empty());
   expect_has(cfg.notices[0],

@@ -22,8 +22,12 @@
 namespace kvarn {
 
 inline constexpr int kConfigSchemaVersion = 1;
-// Where the engine writes a `data.capture`, relative to the run directory.
+// Where the engine writes a `data.capture`, relative to the run directory; with a list of
+// capture blocks, block i > 0 goes to capture_file(i) ("data/capture_2.h5" for the second).
 inline constexpr const char* kCaptureFile = "data/capture.h5";
+inline std::string capture_file(std::size_t i) {
+  return i == 0 ? std::string(kCaptureFile) : "data/capture_" + std::to_string(i + 1) + ".h5";
+}
 
 // One HDF5 tile file (kvarn-tiles v1).
 struct TilesSource {
@@ -37,11 +41,12 @@ struct TilesSource {
   bool has_queries = false;  // some sequence has captured queries
 };
 
-// `data.capture` (or `data.fallback.capture`) with a local checkpoint: the engine captures real KV
-// with kvarn::run_capture into <run_dir>/data/capture.h5 before the cases run (sweeps/src/
-// capture_step.cpp). Everything here was checked against the checkpoint at load time.
+// `data.capture` (or `data.fallback.capture`, or one block of a list of them) with a local
+// checkpoint: the engine captures real KV with kvarn::run_capture into <run_dir>/capture_file(i)
+// before the cases run (sweeps/src/capture_step.cpp). Everything here was checked against the
+// checkpoint at load time.
 struct CaptureSpec {
-  std::string key;                       // "data.capture" or "data.fallback.capture"
+  std::string key;                       // "data.capture[.i]" or "data.fallback.capture[.i]"
   std::string model;                     // as written
   std::filesystem::path model_resolved;  // checkpoint directory (has config.json)
   std::string name;                      // the `data` label of its results (directory name)
@@ -66,7 +71,9 @@ struct CaptureSpec {
 
 struct DataSelection {
   std::vector<TilesSource> tiles;
-  std::optional<CaptureSpec> capture;  // captured at run time, measured before `tiles`
+  // Captured at run time, in this order, each measured before `tiles` (e.g. two models: one
+  // head_dim each).
+  std::vector<CaptureSpec> captures;
   std::optional<std::vector<int>> sequences, layers, kv_heads;  // nullopt: all
   int max_tokens = 0;                                           // 0: every token
   std::string source = "tiles";                                 // "tiles", "capture" or "fallback"
