@@ -304,15 +304,23 @@ EOF
   note "cpu vs cuda summaries of that sweep, both directions (rel 1e-9, abs 1e-12): $r"
 }
 
+# kvarn-eval and the runner's tests, for the suites that sweep with the model in the loop.
+build_runner_sweep() {
+  build kvarn-eval $(runner_targets)
+  [ -n "$(runner_targets)" ] || fail "the runner was not configured (python3 cannot import torch)"
+}
+
+# Seconds left of BUDGET for this script (at least 60), into `left`.
+budget_left() { left=$(($1 - SECONDS)); [ $left -ge 60 ] || left=60; }
+
 # `kvarn-eval sweep CONFIG` into $OUT/run within what is left of BUDGET seconds of this script
 # (at least 60). The engine writes the summary only when an invocation ends, so after a timeout a
 # second invocation limited to the finished cases (`--only`: nothing left to compute) writes the
 # summary and the report. Sets rc (the first invocation's exit status), rd (the run directory)
-# and left (the seconds it was given); a non-zero rc fails the suite.
+# and left (the seconds it was given), and notes them; a non-zero rc fails the suite.
 budgeted_sweep() {  # config budget_s
   local config=$1 run_dir="$OUT/run" done_ids
-  left=$(($2 - SECONDS))
-  [ $left -lt 60 ] && left=60
+  budget_left "$2"
   timeout $left $B/bin/kvarn-eval sweep "$config" --set output="$run_dir" >>"$OUT/sweep.log" 2>&1
   rc=$?
   rd=$(ls -d "$run_dir"/*/ 2>/dev/null | head -1)
@@ -323,6 +331,7 @@ budgeted_sweep() {  # config budget_s
       >>"$OUT/sweep.log" 2>&1
   fi
   [ "$rc" = 0 ] || status=1
+  note "sweep $config rc=$rc (124: stopped after ${left}s) -> $rd"
 }
 
 # The same with the cases spread over `shards` processes on the one GPU (a small model leaves it
@@ -330,8 +339,7 @@ budgeted_sweep() {  # config budget_s
 sharded_sweep() {  # config budget_s shards
   local config=$1 n=$3 run_dir="$OUT/run" i pids=() shard_rc=0
   [ "$n" -gt 1 ] || { budgeted_sweep "$config" "$2"; return; }
-  left=$(($2 - SECONDS))
-  [ $left -lt 60 ] && left=60
+  budget_left "$2"
   for ((i = 0; i < n; i++)); do
     OMP_NUM_THREADS=$(($(nproc) / n > 0 ? $(nproc) / n : 1)) timeout $left \
       $B/bin/kvarn-eval sweep "$config" --set output="$run_dir" --shard "$i/$n" \
@@ -345,17 +353,16 @@ sharded_sweep() {  # config budget_s shards
   [ "$rc" = 0 ] && rc=$shard_rc
   rd="$run_dir/merged/"
   [ "$rc" = 0 ] || status=1
+  note "sweep $config rc=$rc (124: stopped after ${left}s) -> $rd"
 }
 
 suite_accumulation() {
-  build kvarn-eval $(runner_targets)
-  [ -n "$(runner_targets)" ] || fail "the runner was not configured (python3 cannot import torch)"
+  build_runner_sweep
   # The CUDA test (fixture model, token ids) and the math tests: no python reference needed.
   run_ctest accumulation strict -L runner -R '^(AccumulationCuda|AccumulationMath)\.'
   # The sweep (accumulation.device: cuda, fixture Qwen3 at 992 tokens, token-id prompts for builds
   # without a tokenizer) gets what is left of KVARN_ACC_BUDGET_S.
   budgeted_sweep configs/accumulation_gpu.yaml ${KVARN_ACC_BUDGET_S:-330}
-  note "sweep configs/accumulation_gpu.yaml rc=$rc (124: stopped after ${left}s) -> $rd"
   python3 - "${rd}summary.jsonl" <<'PY'
 import json, sys
 try:
@@ -379,12 +386,10 @@ PY
 # bounds the sweep; a stopped sweep resumes with the same command and reuses the fp16 log-probs
 # already in its run directory).
 suite_quality() {
-  build kvarn-eval $(runner_targets)
-  [ -n "$(runner_targets)" ] || fail "the runner was not configured (python3 cannot import torch)"
+  build_runner_sweep
   run_ctest quality strict -L runner -R '^Quality'
   local config=${KVARN_QUALITY_CONFIG:-configs/quality_gpu.yaml}
   budgeted_sweep "$config" ${KVARN_QUALITY_BUDGET_S:-1500}
-  note "sweep $config rc=$rc (124: stopped after ${left}s) -> $rd"
   du -sh "${rd}quality" 2>/dev/null | sed 's/^/fp16 log-probs: /'
   python3 - "${rd}summary.jsonl" <<'PY'
 import json, sys
@@ -408,14 +413,12 @@ PY
 # sweep; finished cases are kept and a stopped sweep resumes; KVARN_RETRIEVAL_SHARDS=n runs the
 # cases as n shard processes side by side, merged).
 suite_retrieval() {
-  build kvarn-eval $(runner_targets)
-  [ -n "$(runner_targets)" ] || fail "the runner was not configured (python3 cannot import torch)"
+  build_runner_sweep
   grep -q '^KVARN_PCRE2_FOUND:INTERNAL=1' $B/CMakeCache.txt ||
     { fail "the runner was built without its tokenizer (libpcre2-dev): passkey prompts are text"; finish; }
   run_ctest retrieval strict -L runner -R '^(Passkey|Induction|BinomialInterval)\.'
   sharded_sweep configs/retrieval_gpu.yaml ${KVARN_RETRIEVAL_BUDGET_S:-900} \
     ${KVARN_RETRIEVAL_SHARDS:-1}
-  note "sweep configs/retrieval_gpu.yaml rc=$rc (124: stopped after ${left}s) -> $rd"
   python3 - "${rd}summary.jsonl" <<'PY'
 import json, sys
 try:
