@@ -37,7 +37,19 @@ struct Mirror {
   at::ScalarType dtype = at::kFloat;
   std::vector<at::Tensor> k, v;
   std::vector<int> synced;  // rows [0, synced) are uploaded and final
+  at::Tensor scores, probs;  // attention scratch (Model::Impl::attend), grown by doubling
 };
+
+// A contiguous tensor of `sizes` over the front of `buf`, which grows (by doubling) when too small.
+at::Tensor scratch(at::Tensor& buf, at::IntArrayRef sizes, const at::TensorOptions& opts) {
+  int64_t numel = 1;
+  for (int64_t s : sizes) numel *= s;
+  if (!buf.defined() || buf.numel() < numel || buf.options().dtype() != opts.dtype()) {
+    const int64_t grown = buf.defined() ? 2 * buf.numel() : 0;
+    buf = at::empty({std::max(numel, grown)}, opts);
+  }
+  return buf.narrow(0, 0, numel).view(sizes);
+}
 
 at::ScalarType parse_dtype(const std::string& name) {
   if (name == "float32" || name == "fp32") return at::kFloat;
@@ -132,23 +144,33 @@ struct Model::Impl {
     return t.to(device, dtype).contiguous();
   }
 
+  // Room for `rows` rows in the layer's mirror. It grows by doubling and keeps its rows [0,
+  // synced): per-block tensors that grow with the context (a concatenated copy of the cache for
+  // every block and layer) leave glibc's heap fragmented, several GB at 8K tokens.
+  void reserve(Mirror& m, int layer, int64_t rows) const {
+    at::Tensor& k = m.k[layer];
+    at::Tensor& v = m.v[layer];
+    if (k.defined() && k.size(1) >= rows) return;
+    const int64_t cap = std::max<int64_t>(rows, k.defined() ? 2 * k.size(1) : 64);
+    auto opts = at::TensorOptions().dtype(dtype).device(device);
+    auto nk = at::empty({cfg.num_kv_heads, cap, cfg.head_dim}, opts);
+    auto nv = at::empty({cfg.num_kv_heads, cap, cfg.head_dim}, opts);
+    if (k.defined() && m.synced[layer] > 0) {
+      nk.narrow(1, 0, m.synced[layer]).copy_(k.narrow(1, 0, m.synced[layer]));
+      nv.narrow(1, 0, m.synced[layer]).copy_(v.narrow(1, 0, m.synced[layer]));
+    }
+    k = nk;
+    v = nv;
+  }
+
+  // Copies the cache's rows [synced, size) of one layer into the mirror; rows that will not
+  // change again (cache.final_rows) are not copied twice.
   void sync(ModelKvCache& cache, Mirror& m, int layer) const {
     const auto& g = cache.geometry();
     const int size = cache.size(layer);
+    reserve(m, layer, size);
     at::Tensor& k = m.k[layer];
     at::Tensor& v = m.v[layer];
-    if (!k.defined() || k.size(1) < size) {
-      const int64_t cap = std::max<int64_t>(size, k.defined() ? 2 * k.size(1) : 64);
-      auto opts = at::TensorOptions().dtype(dtype).device(device);
-      auto nk = at::empty({g.num_kv_heads, cap, g.head_dim}, opts);
-      auto nv = at::empty({g.num_kv_heads, cap, g.head_dim}, opts);
-      if (k.defined() && m.synced[layer] > 0) {
-        nk.narrow(1, 0, m.synced[layer]).copy_(k.narrow(1, 0, m.synced[layer]));
-        nv.narrow(1, 0, m.synced[layer]).copy_(v.narrow(1, 0, m.synced[layer]));
-      }
-      k = nk;
-      v = nv;
-    }
     const int from = m.synced[layer];
     if (from < size) {
       for (int h = 0; h < g.num_kv_heads; ++h) {
@@ -259,9 +281,6 @@ struct Model::Impl {
                             const at::Tensor& k, const at::Tensor& v, int p0, int n,
                             const ForwardOptions& opt) const {
     const LayerWeights& w = layers[l];
-    const int64_t hq = cfg.num_heads, hk = cfg.num_kv_heads, d = cfg.head_dim;
-    const int64_t rep = hq / hk;
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     // The cache stores fp32 rows on the host; quantize-on-write happens in append().
     auto k_host = k.to(at::kCPU, at::kFloat).contiguous();
     auto v_host = v.to(at::kCPU, at::kFloat).contiguous();
@@ -273,20 +292,38 @@ struct Model::Impl {
       values = m.v[l].narrow(1, 0, p0 + n);
     } else {
       if (p0 > 0) {
+        // The chunk's exact rows go into the mirror after the cache's rows, where the next sync
+        // overwrites them with what the cache stored (synced <= p0).
+        reserve(m, l, p0 + n);
         sync(cache, m, l);
-        keys = at::cat({m.k[l].narrow(1, 0, p0), k}, 1);
-        values = at::cat({m.v[l].narrow(1, 0, p0), v}, 1);
+        m.k[l].narrow(1, p0, n).copy_(k);
+        m.v[l].narrow(1, p0, n).copy_(v);
+        keys = m.k[l].narrow(1, 0, p0 + n);
+        values = m.v[l].narrow(1, 0, p0 + n);
       } else {
         keys = k;
         values = v;
       }
       cache.append(l, k_host.data_ptr<float>(), v_host.data_ptr<float>(), n);
     }
+    return attend(m, w, q, keys, values, p0, n);
+  }
+
+  // Causal attention of the chunk's queries q [hq, n, d] (positions p0..p0+n-1) over keys and
+  // values [hk, p0+n, d]; returns [n, hq * d]. Scores and probabilities live in the mirror's
+  // scratch buffers, reused across blocks and layers: fresh tensors growing with the context
+  // would fragment the heap (see reserve).
+  at::Tensor attend(Mirror& m, const LayerWeights& w, const at::Tensor& q, const at::Tensor& keys,
+                    const at::Tensor& values, int p0, int n) const {
+    const int64_t hq = cfg.num_heads, hk = cfg.num_kv_heads, d = cfg.head_dim;
+    const int64_t rep = hq / hk;
     const int64_t t = p0 + n;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     // GQA without copying K/V: query heads of one KV head become extra rows.
     auto qg = q.reshape({hk, rep * n, d});
-    auto scores = at::matmul(qg, keys.transpose(1, 2)) * scale;  // [hk, rep*n, t]
-    scores = scores.view({hk, rep, n, t});
+    auto scores = scratch(m.scores, {hk, rep * n, t}, q.options());
+    at::bmm_out(scores, qg, keys.transpose(1, 2));
+    scores.mul_(scale);
     // Causal (and sliding-window) mask: query i (position p0+i) sees key j iff
     // j <= p0+i and p0+i - j < window.
     auto qi =
@@ -294,9 +331,13 @@ struct Model::Impl {
     auto kj = at::arange(0, t, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0);
     auto masked = kj > qi;
     if (w.sliding) masked = masked | (qi - kj >= cfg.sliding_window);
-    scores = scores.masked_fill(masked, -std::numeric_limits<float>::infinity());
-    auto probs = at::softmax(scores, -1, at::kFloat).to(dtype).view({hk, rep * n, t});
-    return at::matmul(probs, values).view({hq, n, d}).transpose(0, 1).reshape({n, hq * d});
+    scores.view({hk, rep, n, t}).masked_fill_(masked, -std::numeric_limits<float>::infinity());
+    auto probs = scratch(m.probs, {hk, rep * n, t}, q.options().dtype(at::kFloat));
+    at::_softmax_out(probs, scores.to(at::kFloat), -1, false);
+    return at::matmul(probs.to(dtype), values)
+        .view({hq, n, d})
+        .transpose(0, 1)
+        .reshape({n, hq * d});
   }
 
   // ForwardOptions::capture of one layer: per-head Q, pre- and post-RoPE K, V.
