@@ -363,23 +363,7 @@ suite_accumulation() {
   # The sweep (accumulation.device: cuda, fixture Qwen3 at 992 tokens, token-id prompts for builds
   # without a tokenizer) gets what is left of KVARN_ACC_BUDGET_S.
   budgeted_sweep configs/accumulation_gpu.yaml ${KVARN_ACC_BUDGET_S:-330}
-  python3 - "${rd}summary.jsonl" <<'PY'
-import json, sys
-try:
-    rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-except OSError:
-    sys.exit("no summary.jsonl: the sweep did not finish")
-want = ["accumulation.mae_accumulated.final", "accumulation.mae_static.final",
-        "accumulation.mae_accumulated.first", "decode.kl.mean", "decode.top1_agreement",
-        "decode.first_divergence"]
-val = {(r["method"], r["metric"]): r["value"] for r in rows
-       if r.get("layer") == "all" and r["metric"] in want}
-print("method".ljust(20) + "".join(m.split(".", 1)[1][:22].rjust(24) for m in want))
-for m in dict.fromkeys(r["method"] for r in rows):
-    cells = [val.get((m, w)) for w in want]
-    print(m.ljust(20) + "".join(("%.4g" % c if isinstance(c, (int, float)) else "-").rjust(24)
-                                for c in cells))
-PY
+  python3 scripts/sweep_table.py accumulation "${rd}summary.jsonl"
 }
 
 # Model-level quality on CUDA (configs/quality_gpu.yaml; KVARN_QUALITY_BUDGET_S, default 1500,
@@ -391,22 +375,7 @@ suite_quality() {
   local config=${KVARN_QUALITY_CONFIG:-configs/quality_gpu.yaml}
   budgeted_sweep "$config" ${KVARN_QUALITY_BUDGET_S:-1500}
   du -sh "${rd}quality" 2>/dev/null | sed 's/^/fp16 log-probs: /'
-  python3 - "${rd}summary.jsonl" <<'PY'
-import json, sys
-try:
-    rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-except OSError:
-    sys.exit("no summary.jsonl: the sweep did not finish")
-want = ["quality.kld.mean", "quality.kld.p99", "quality.ppl_ratio", "quality.same_top1"]
-val = {(r["method"], r["data"], r["metric"]): r["value"] for r in rows if r["layer"] == "all"}
-print("method".ljust(20) + "model".ljust(30) + "eff.bits".rjust(9) +
-      "".join(w.split(".", 1)[1].rjust(14) for w in want))
-for (m, d) in dict.fromkeys((r["method"], r["data"]) for r in rows if r["scope"] == "quality"):
-    eff = next(r["effective_bits"] for r in rows if r["method"] == m and r["data"] == d)
-    cells = [val.get((m, d, w)) for w in want]
-    print(m.ljust(20) + d.ljust(30) + ("%.3f" % eff).rjust(9) +
-          "".join(("%.4g" % c if isinstance(c, (int, float)) else "-").rjust(14) for c in cells))
-PY
+  python3 scripts/sweep_table.py quality "${rd}summary.jsonl"
 }
 
 # Passkey on CUDA (configs/retrieval_gpu.yaml; KVARN_RETRIEVAL_BUDGET_S, default 900, bounds the
@@ -419,33 +388,7 @@ suite_retrieval() {
   run_ctest retrieval strict -L runner -R '^(Passkey|Induction|BinomialInterval)\.'
   sharded_sweep configs/retrieval_gpu.yaml ${KVARN_RETRIEVAL_BUDGET_S:-900} \
     ${KVARN_RETRIEVAL_SHARDS:-1}
-  python3 - "${rd}summary.jsonl" <<'PY'
-import json, sys
-try:
-    rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-except OSError:
-    sys.exit("no summary.jsonl: the sweep did not finish")
-import re
-def pick(metric):
-    return [r for r in rows if r["metric"] == metric]
-def length(r):  # the cell rows' data is "<model>/L=<tokens>/depth=<d>"
-    m = re.search(r"/L=(\d+)/", r["data"])
-    return int(m.group(1)) if m else None
-acc, lo, hi = (pick("retrieval.passkey." + m) for m in ("accuracy", "ci_low", "ci_high"))
-cols = sorted({length(r) for r in acc} - {None})
-print("method".ljust(20) + "eff.bits".rjust(9) + "".join(("acc L=%d" % c).rjust(12) for c in cols) +
-      "all [95% CI]".rjust(24))
-for m in dict.fromkeys(r["method"] for r in acc):
-    cells = []
-    for c in cols:  # mean over the depth cells (equal trials per cell)
-        v = [r["value"] for r in acc if r["method"] == m and length(r) == c]
-        cells.append("%.3f" % (sum(v) / len(v)) if v else "-")
-    tot = [(a["value"], l["value"], h["value"], a["effective_bits"]) for a, l, h in zip(acc, lo, hi)
-           if a["method"] == m and length(a) is None]
-    all_ = "%.3f [%.2f, %.2f]" % tot[0][:3] if tot else "-"
-    eff = "%.3f" % tot[0][3] if tot else "-"
-    print(m.ljust(20) + eff.rjust(9) + "".join(x.rjust(12) for x in cells) + all_.rjust(24))
-PY
+  python3 scripts/sweep_table.py retrieval "${rd}summary.jsonl"
 }
 
 configure
