@@ -293,8 +293,7 @@ TileMatrix decode_slab(const StoredSlab& s) {
   if (s.chunk_tokens == 0) {
     KVARN_CHECK(s.halfs.size() == T * D, s.where, ": slab holds ", s.halfs.size(),
                 " values, expected ", T * D);
-    convert_checked(s, {reinterpret_cast<const std::uint8_t*>(s.halfs.data())}, T * D, 0,
-                    m.data());
+    convert_checked(s, {reinterpret_cast<const std::uint8_t*>(s.halfs.data())}, T * D, 0, m.data());
     return m;
   }
   const std::size_t c = s.chunk_tokens, num_chunks = (T + c - 1) / c;

@@ -110,8 +110,8 @@ constexpr std::size_t kNmseBlock = 256;
 
 // err[i] = (hat[i] - ref[i])^2 and sq[i] = ref[i]^2 in double, for i < n.
 __attribute__((target_clones("avx2", "default"))) void squares(const float* hat, const float* ref,
-                                                                 std::size_t n, double* err,
-                                                                 double* sq) {
+                                                               std::size_t n, double* err,
+                                                               double* sq) {
   for (std::size_t i = 0; i < n; ++i) {
     const double x = ref[i];
     const double d = static_cast<double>(hat[i]) - x;
