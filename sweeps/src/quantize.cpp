@@ -99,35 +99,63 @@ std::vector<int> select_range(const std::vector<int>& wanted, int n, const std::
 
 // The NMSE sums of both streams: sum (hat - ref)^2 and sum ref^2 in double, each in index order:
 // the same sums, bit for bit, as Eigen's squaredNorm of the cast expressions (a sequential,
-// unvectorized reduction). Each sum is a chain of dependent additions; the K and V chains run in
-// one loop so that the four overlap instead of waiting on each other's latency.
+// unvectorized reduction). Each sum is a chain of dependent additions, so the squares are computed
+// first, a block at a time in a loop that vectorizes, and the four chains (K and V, error and
+// reference) then add them in one loop, where they overlap instead of waiting on each other.
 struct NmseSums {
   double k_err = 0, k_ref = 0, v_err = 0, v_ref = 0;
 };
 
-NmseSums nmse_sums(const Matrix& k_hat, const Matrix& k, const Matrix& v_hat, const Matrix& v) {
+constexpr std::size_t kNmseBlock = 256;
+
+// err[i] = (hat[i] - ref[i])^2 and sq[i] = ref[i]^2 in double, for i < n.
+__attribute__((target_clones("avx2", "default"))) void squares(const float* hat, const float* ref,
+                                                               std::size_t n, double* err,
+                                                               double* sq) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const double x = ref[i];
+    const double d = static_cast<double>(hat[i]) - x;
+    err[i] = d * d;
+    sq[i] = x * x;
+  }
+}
+
+// Adds one stream's squares, in index order, to its two sums.
+void add_squares(const float* hat, const float* ref, std::size_t n, double* err_sum,
+                 double* ref_sum) {
+  double err[kNmseBlock], sq[kNmseBlock];
+  for (std::size_t i0 = 0; i0 < n; i0 += kNmseBlock) {
+    const std::size_t m = std::min(kNmseBlock, n - i0);
+    squares(hat + i0, ref + i0, m, err, sq);
+    for (std::size_t i = 0; i < m; ++i) {
+      *err_sum += err[i];
+      *ref_sum += sq[i];
+    }
+  }
+}
+
+NmseSums nmse_sums(const MatrixMap& k_hat, const Matrix& k, const MatrixMap& v_hat,
+                   const Matrix& v) {
   KVARN_CHECK(k_hat.size() == k.size() && v_hat.size() == v.size(),
               "reconstruction and input differ in size");
-  const float* ka = k_hat.data();
-  const float* kb = k.data();
-  const float* va = v_hat.data();
-  const float* vb = v.data();
   const std::size_t nk = static_cast<std::size_t>(k.size());
   const std::size_t nv = static_cast<std::size_t>(v.size());
-  NmseSums s;
-  const auto add = [](const float* a, const float* b, std::size_t i, double* e, double* r) {
-    const double x = b[i];
-    const double d = static_cast<double>(a[i]) - x;
-    *e += d * d;
-    *r += x * x;
-  };
   const std::size_t both = std::min(nk, nv);
-  for (std::size_t i = 0; i < both; ++i) {
-    add(ka, kb, i, &s.k_err, &s.k_ref);
-    add(va, vb, i, &s.v_err, &s.v_ref);
+  NmseSums s;
+  double ke[kNmseBlock], kr[kNmseBlock], ve[kNmseBlock], vr[kNmseBlock];
+  for (std::size_t i0 = 0; i0 < both; i0 += kNmseBlock) {
+    const std::size_t m = std::min(kNmseBlock, both - i0);
+    squares(k_hat.data() + i0, k.data() + i0, m, ke, kr);
+    squares(v_hat.data() + i0, v.data() + i0, m, ve, vr);
+    for (std::size_t i = 0; i < m; ++i) {
+      s.k_err += ke[i];
+      s.k_ref += kr[i];
+      s.v_err += ve[i];
+      s.v_ref += vr[i];
+    }
   }
-  for (std::size_t i = both; i < nk; ++i) add(ka, kb, i, &s.k_err, &s.k_ref);
-  for (std::size_t i = both; i < nv; ++i) add(va, vb, i, &s.v_err, &s.v_ref);
+  add_squares(k_hat.data() + both, k.data() + both, nk - both, &s.k_err, &s.k_ref);
+  add_squares(v_hat.data() + both, v.data() + both, nv - both, &s.v_err, &s.v_ref);
   return s;
 }
 
@@ -176,20 +204,32 @@ struct SlabJob {
   double compute_cpu_s = 0;  // CPU seconds of the four above
 };
 
-void collect_slab(const Method& method, SequenceResult* r, SlabJob* job) {
+// The cache's per-token flags of one stream: 1 = in a quantized chunk.
+std::vector<std::uint8_t> quantized_flags(const KvCache& cache, StreamKind kind) {
+  std::vector<std::uint8_t> flags(cache.size());
+  for (int i = 0; i < cache.size(); ++i) flags[i] = cache.quantized(kind, i);
+  return flags;
+}
+
+// The stored fields, byte checks and masks of the quantized slab, taken out of the cache.
+void collect_slab(const Method& method, KvCache* cache, SlabJob* job) {
   const int T = static_cast<int>(job->k.rows()), D = static_cast<int>(job->k.cols());
   auto kc = method.make_codec(StreamKind::kKey, D, job->ctx);
   auto vc = method.make_codec(StreamKind::kValue, D, job->ctx);
   QuantizedSlab& s = job->out;
   s.num_tokens = T;
-  s.k = collect_stream(r->k_chunks, *kc, r->k_quantized, job->where + "/k");
-  s.v = collect_stream(r->v_chunks, *vc, r->v_quantized, job->where + "/v");
+  s.k_quantized = quantized_flags(*cache, StreamKind::kKey);
+  s.v_quantized = quantized_flags(*cache, StreamKind::kValue);
+  s.k = collect_stream(cache->release_chunks(StreamKind::kKey), *kc, s.k_quantized,
+                       job->where + "/k");
+  s.v = collect_stream(cache->release_chunks(StreamKind::kValue), *vc, s.v_quantized,
+                       job->where + "/v");
   const std::size_t stored = s.k.payload_bytes() + s.v.payload_bytes() +
                              s.k.kept_tokens * kc->kept_token_bytes() +
                              s.v.kept_tokens * vc->kept_token_bytes();
   const std::size_t accounted = method.sequence_bytes(T, D, job->ctx);
-  KVARN_CHECK(stored == r->stored_bytes, job->where, ": wrote ", stored,
-              " bytes but the cache measured ", r->stored_bytes);
+  KVARN_CHECK(stored == cache->stored_bytes(), job->where, ": wrote ", stored,
+              " bytes but the cache measured ", cache->stored_bytes());
   KVARN_CHECK(stored == accounted, job->where, ": stored ", stored,
               " bytes but Method::sequence_bytes accounts ", accounted, " (method ", method.spec(),
               ", ", T, " tokens)");
@@ -197,12 +237,11 @@ void collect_slab(const Method& method, SequenceResult* r, SlabJob* job) {
   s.accounted_bytes = static_cast<long long>(accounted);
   s.fp16_bytes = 4LL * T * D;
   s.layer_skipped = method.layer_skipped(job->ctx);
-  s.k_quantized = std::move(r->k_quantized);
-  s.v_quantized = std::move(r->v_quantized);
 }
 
-// Decodes and quantizes one slab into job->out: the method's cache, the stored fields, the
-// byte checks and the NMSE sums of both streams.
+// Decodes and quantizes one slab into job->out: the method's cache (the whole slab in one
+// append, as quantize_sequence does), the stored fields, the byte checks and the NMSE sums of
+// both streams. The sums and the reconstructions are read from the cache in place.
 void quantize_slab(const Method& method, bool reconstruction, SlabJob* job) {
   const double cpu0 = thread_cpu_seconds();
   auto t0 = Clock::now();
@@ -212,13 +251,19 @@ void quantize_slab(const Method& method, bool reconstruction, SlabJob* job) {
   job->v_in = StoredSlab();
   job->decode_s = seconds_since(t0);
   t0 = Clock::now();
-  SequenceResult r = quantize_sequence(method, job->k, job->v, job->ctx);
+  KVARN_CHECK(job->k.rows() == job->v.rows() && job->k.cols() == job->v.cols(), job->where,
+              ": K is ", job->k.rows(), "x", job->k.cols(), " but V is ", job->v.rows(), "x",
+              job->v.cols());
+  const std::unique_ptr<KvCache> cache =
+      method.make_cache(static_cast<int>(job->k.cols()), job->ctx);
+  cache->append(job->k.data(), job->v.data(), static_cast<int>(job->k.rows()));
   job->quantize_s = seconds_since(t0);
   t0 = Clock::now();
-  collect_slab(method, &r, job);
+  collect_slab(method, cache.get(), job);
   job->collect_s = seconds_since(t0);
   t0 = Clock::now();
-  const NmseSums sums = nmse_sums(r.k_hat, job->k, r.v_hat, job->v);
+  const MatrixMap k_hat = cache->keys(), v_hat = cache->values();
+  const NmseSums sums = nmse_sums(k_hat, job->k, v_hat, job->v);
   job->k_err = sums.k_err;
   job->k_ref = sums.k_ref;
   job->v_err = sums.v_err;
@@ -227,8 +272,8 @@ void quantize_slab(const Method& method, bool reconstruction, SlabJob* job) {
   job->out.v_nmse = job->v_ref > 0 ? job->v_err / job->v_ref : 0.0;
   job->metrics_s = seconds_since(t0);
   if (reconstruction) {
-    job->out.k_hat.assign(r.k_hat.data(), r.k_hat.data() + r.k_hat.size());
-    job->out.v_hat.assign(r.v_hat.data(), r.v_hat.data() + r.v_hat.size());
+    job->out.k_hat.assign(k_hat.data(), k_hat.data() + k_hat.size());
+    job->out.v_hat.assign(v_hat.data(), v_hat.data() + v_hat.size());
   }
   job->k.resize(0, 0);
   job->v.resize(0, 0);

@@ -343,6 +343,69 @@ TEST_F(TileSlabTest, DecodingOnManyThreadsGivesTheSameFloats) {
     EXPECT_TRUE(same_bits(parallel[i], serial[i])) << i;
 }
 
+// Every finite fp16 value, [496, 128], decoded from each form a slab can come in: read through
+// HDF5, and stored chunks of 64 tokens (a partial edge chunk among them) unfiltered, shuffled
+// (the byte planes the F16C conversion reads directly) and shuffled then deflated. Each gives
+// h5::half_to_float's value, bit for bit.
+TEST(TileSlabDecode, EveryFiniteHalfDecodesExactlyFromEveryForm) {
+  constexpr int kT = 496, kDim = 128, kChunk = 64;
+  std::vector<std::uint16_t> halfs;
+  for (std::uint32_t h = 0; h < 0x10000u; ++h) {
+    if (h5::half_is_finite(static_cast<std::uint16_t>(h))) halfs.push_back(h);
+  }
+  ASSERT_EQ(halfs.size(), static_cast<std::size_t>(kT) * kDim);
+  StoredSlab base;
+  base.where = "every half";
+  base.num_tokens = kT;
+  base.head_dim = kDim;
+  StoredSlab whole = base;
+  whole.halfs = halfs;
+  const auto chunked = [&](std::vector<StoredSlab::Filter> filters) {
+    StoredSlab s = base;
+    s.chunk_tokens = kChunk;
+    s.filters = filters;
+    const std::size_t n = static_cast<std::size_t>(kChunk) * kDim;
+    for (std::size_t first = 0; first < halfs.size(); first += n) {
+      std::vector<std::uint8_t> raw(2 * n, 0), out;
+      for (std::size_t j = 0; j < n && first + j < halfs.size(); ++j) {
+        raw[2 * j] = halfs[first + j] & 0xffu;
+        raw[2 * j + 1] = halfs[first + j] >> 8;
+      }
+      out = raw;
+      if (!filters.empty()) {  // shuffle: all low bytes, then all high bytes
+        for (std::size_t j = 0; j < n; ++j) {
+          out[j] = raw[2 * j];
+          out[n + j] = raw[2 * j + 1];
+        }
+      }
+      if (filters.size() == 2) {
+        std::vector<std::uint8_t> z(compressBound(out.size()));
+        uLongf size = z.size();
+        EXPECT_EQ(compress2(z.data(), &size, out.data(), out.size(), 4), Z_OK);
+        z.resize(size);
+        out = z;
+      }
+      s.bytes.insert(s.bytes.end(), out.begin(), out.end());
+      s.chunk_end.push_back(s.bytes.size());
+      s.filter_mask.push_back(0);
+    }
+    return s;
+  };
+  using F = StoredSlab::Filter;
+  for (const StoredSlab& s :
+       {whole, chunked({}), chunked({F::kShuffle}), chunked({F::kShuffle, F::kDeflate})}) {
+    SCOPED_TRACE(s.filters.size());
+    const TileMatrix m = decode_slab(s);
+    ASSERT_EQ(m.size(), static_cast<long>(halfs.size()));
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < halfs.size(); ++i) {
+      const float want = h5::half_to_float(halfs[i]);
+      wrong += std::memcmp(&want, m.data() + i, sizeof(float)) != 0;
+    }
+    EXPECT_EQ(wrong, 0u);
+  }
+}
+
 TEST(TileSlabRealTiles, DirectPathEqualsHdf5OnEveryCommittedTileFile) {
   for (const char* name :
        {"sample.h5", "fixture_heldout.h5", "smollm2_sample.h5", "smollm2_long.h5"}) {
