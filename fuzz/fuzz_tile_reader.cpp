@@ -1,6 +1,6 @@
-// The kvarn-tiles v1 HDF5 reader on an in-memory file image: the structure walk first in the
-// probe child (kvarn/data/h5_probe.hpp), then in-process structure checks and every slab and
-// token id read (each value checked finite).
+// The kvarn-tiles v1 HDF5 reader on an in-memory file image: the structure walk in the probe
+// child (kvarn/data/h5_probe.hpp), which sends the structure back, then in process every slab
+// and token id read (each value checked finite).
 //
 // A probe child that crashed is the reader's handled outcome only when the crash is libhdf5's:
 // in sanitizer builds the child's report must show a libhdf5 frame before any frame of the

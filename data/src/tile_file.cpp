@@ -6,11 +6,12 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -117,61 +118,6 @@ bool take_text(const std::string& in, std::size_t& pos, std::string& text) {
 }
 
 }  // namespace
-
-// The string attributes of one file. libhdf5 reads variable-length strings from the global heap,
-// and on corrupt heaps it crashed in this process on files its probe child had read safely (what
-// it does there depends on the state of the process's memory). So only the probe child lets
-// libhdf5 read them (each value, or the error reading it, appended to the probe's result); the
-// walk in this process takes them from that result.
-class TileReader::StringAttrs {
- public:
-  // The probe child's walk: reads each attribute and appends it to *record.
-  explicit StringAttrs(std::string* record) : record_(record) {}
-  // The walk in this process: replays the child's record; a damaged one (never expected) is an
-  // error naming the file.
-  StringAttrs(const std::string& f, const std::string& record) {
-    std::size_t pos = 0;
-    for (std::string key, kind, text; pos < record.size();) {
-      KVARN_CHECK(take_text(record, pos, key) && take_text(record, pos, kind) &&
-                      take_text(record, pos, text) && (kind == "v" || kind == "e"),
-                  f, ": the probe process sent back a damaged list of string attributes");
-      values_[key] = {kind == "v", text};
-    }
-  }
-
-  std::string get(const H5::H5Object& obj, const std::string& name, const Where& w) {
-    const std::string key = w.object + '\n' + name;
-    if (record_ == nullptr) {
-      const auto it = values_.find(key);
-      KVARN_CHECK(it != values_.end(), w.str(), ": attribute '", name,
-                  "' was not read by the probe process");
-      KVARN_CHECK(it->second.first, w.file, ": ", it->second.second);
-      return it->second.second;
-    }
-    try {
-      std::string value = read_string_attr(obj, name, w);
-      add(key, "v", value);
-      return value;
-    } catch (const Error& e) {
-      // Without the file's name: the child of in-memory images does not know their label.
-      const std::string what = e.what(), prefix = w.file + ": ";
-      add(key, "e", what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what);
-      throw;
-    } catch (const H5::Exception& e) {
-      add(key, "e", "HDF5 error while reading the file structure: " + h5::describe(e));
-      throw;
-    }
-  }
-
- private:
-  void add(const std::string& key, const char* kind, const std::string& text) {
-    put_text(*record_, key);
-    put_text(*record_, kind);
-    put_text(*record_, text);
-  }
-  std::string* record_ = nullptr;
-  std::map<std::string, std::pair<bool, std::string>> values_;  // key -> (read, value or error)
-};
 
 namespace {
 
@@ -323,6 +269,266 @@ H5::H5File open_image(const void* data, std::size_t size) {
                     H5::FileCreatPropList::DEFAULT, fapl);
 }
 
+// Calls of the structure walk in this process (TileReader::structure_walks_in_process).
+std::atomic<long long> structure_walks{0};
+
+// The root attributes and /layers.
+TileFileInfo walk_root(const H5::H5File& file, const std::string& f, std::uintmax_t size) {
+  TileFileInfo info;
+  const Where root{f, "/"};
+  const std::string format = read_string_attr(file, "format", root);
+  KVARN_CHECK(format == kTileFormat, f, ": attribute 'format' is '", format, "', expected '",
+              kTileFormat, "' (not a tile file)");
+  const long long version = read_int_attr(file, "format_version", root);
+  KVARN_CHECK(version == kTileFormatVersion, f, ": unsupported format_version ", version,
+              " (this build reads version ", kTileFormatVersion, ")");
+  info.model = read_string_attr(file, "model", root);
+  info.num_layers = read_positive_int_attr(file, "num_layers", root);
+  info.num_kv_heads = read_positive_int_attr(file, "num_kv_heads", root);
+  info.num_q_heads = read_positive_int_attr(file, "num_q_heads", root);
+  info.head_dim = read_positive_int_attr(file, "head_dim", root);
+  KVARN_CHECK(info.num_q_heads % info.num_kv_heads == 0, f, ": num_q_heads ", info.num_q_heads,
+              " is not a multiple of num_kv_heads ", info.num_kv_heads);
+  if (file.attrExists("rope_theta")) {
+    H5::Attribute a = file.openAttribute("rope_theta");
+    H5::DataType t = a.getDataType();
+    KVARN_CHECK(t.getClass() == H5T_FLOAT || t.getClass() == H5T_INTEGER, f,
+                ": attribute 'rope_theta' must be a number, is ", type_text(t));
+    check_scalar(a, "rope_theta", root);
+    double theta = 0;
+    a.read(H5::PredType::NATIVE_DOUBLE, &theta);
+    KVARN_CHECK(std::isfinite(theta) && theta > 0, f, ": attribute 'rope_theta' = ", theta,
+                " must be positive");
+    info.rope_theta = theta;
+  }
+  info.source = read_string_attr(file, "source", root);
+  info.provenance = read_string_attr(file, "provenance", root);
+
+  KVARN_CHECK(file.nameExists("layers"), f, ": /layers: missing dataset");
+  const Where wl{f, "/layers"};
+  info.layers = read_int_vector(file.openDataSet("layers"), size, wl);
+  KVARN_CHECK(!info.layers.empty(), wl.str(), ": no captured layers");
+  std::set<int> seen;
+  for (std::size_t i = 0; i < info.layers.size(); ++i) {
+    const int l = info.layers[i];
+    KVARN_CHECK(l >= 0 && l < info.num_layers, wl.str(), ": layer ", l, " at index ", i,
+                " is outside the model's ", info.num_layers, " layers");
+    KVARN_CHECK(seen.insert(l).second, wl.str(), ": layer ", l, " listed twice");
+  }
+  return info;
+}
+
+// The captured query heads of /sequences/<name>/q (its `heads` attribute) and its slab checks.
+std::vector<int> walk_q(const H5::DataSet& ds, const TileFileInfo& info, hsize_t T,
+                        std::uintmax_t size, const Where& w) {
+  KVARN_CHECK(ds.attrExists("heads"), w.str(), ": missing attribute 'heads'");
+  H5::Attribute a = ds.openAttribute("heads");
+  H5::DataType t = a.getDataType();
+  KVARN_CHECK(t.getClass() == H5T_INTEGER, w.str(), ": attribute 'heads' must be int32, is ",
+              type_text(t));
+  const hssize_t n = a.getSpace().getSimpleExtentNpoints();
+  KVARN_CHECK(n <= info.num_q_heads, w.str(), ": attribute 'heads' has ", n,
+              " entries, more than the model's ", info.num_q_heads, " query heads");
+  std::vector<int> heads(n);
+  if (n > 0) a.read(H5::PredType::NATIVE_INT, heads.data());
+  KVARN_CHECK(n > 0, w.str(), ": attribute 'heads' is empty");
+  for (std::size_t j = 0; j < heads.size(); ++j) {
+    KVARN_CHECK(heads[j] >= 0 && heads[j] < info.num_q_heads, w.str(), ": heads[", j,
+                "] = ", heads[j], " is outside the model's ", info.num_q_heads, " query heads");
+  }
+  const hsize_t L = info.layers.size(), D = info.head_dim;
+  check_slab_dataset(ds, {L, static_cast<hsize_t>(n), T, D},
+                     "[captured layers, len(heads), num_tokens, head_dim]", size, w);
+  check_post_rope(ds, 1, w);
+  return heads;
+}
+
+// One sequence group: its attributes and its datasets' dtypes, shapes and storage.
+SequenceInfo walk_sequence(const H5::Group& seqs, const std::string& name, const TileFileInfo& info,
+                           const std::string& f, std::uintmax_t size) {
+  const std::string gpath = "/sequences/" + name;
+  const Where wg{f, gpath};
+  KVARN_CHECK(seqs.childObjType(name) == H5O_TYPE_GROUP, wg.str(), ": not a group");
+  H5::Group g = seqs.openGroup(name);
+  SequenceInfo si;
+  si.name = name;
+  si.num_tokens = read_positive_int_attr(g, "num_tokens", wg);
+  si.prompt_id = read_string_attr(g, "prompt_id", wg);
+  const hsize_t T = si.num_tokens;
+  const hsize_t L = info.layers.size(), H = info.num_kv_heads, D = info.head_dim;
+  for (const char* req : {"token_ids", "k", "v"}) {
+    KVARN_CHECK(g.nameExists(req), f, ": ", gpath, "/", req, ": missing dataset");
+  }
+  {
+    const Where w{f, gpath + "/token_ids"};
+    H5::DataSet ds = g.openDataSet("token_ids");
+    H5::DataType t = ds.getDataType();
+    KVARN_CHECK(t.getClass() == H5T_INTEGER, w.str(), ": dtype is ", type_text(t),
+                ", expected int32");
+    std::vector<hsize_t> dims = extent(ds);
+    KVARN_CHECK(dims == std::vector<hsize_t>{T}, w.str(), ": shape is ", dims_text(dims),
+                ", expected [", T, "] (num_tokens)");
+    check_backed(ds, dims, t.getSize(), size, w);
+  }
+  const std::string kv_text = "[captured layers, num_kv_heads, num_tokens, head_dim]";
+  for (const char* slab : {"k", "v", "k_pre_rope"}) {
+    if (!g.nameExists(slab)) continue;
+    const Where w{f, gpath + "/" + slab};
+    H5::DataSet ds = g.openDataSet(slab);
+    check_slab_dataset(ds, {L, H, T, D}, kv_text, size, w);
+    if (std::string(slab) != "v") check_post_rope(ds, std::string(slab) == "k" ? 1 : 0, w);
+  }
+  si.has_k_pre_rope = g.nameExists("k_pre_rope");
+  if (g.nameExists("q")) {
+    si.q_heads = walk_q(g.openDataSet("q"), info, T, size, Where{f, gpath + "/q"});
+    si.has_q = true;
+  }
+  return si;
+}
+
+// The whole structure walk of an open file: every attribute, dataset dtype, shape and chunk
+// index the reader relies on. Runs only in the probe child (TileReader's constructor).
+void walk_file(const H5::H5File& file, const std::string& f, std::uintmax_t size,
+               TileFileInfo* info, std::vector<SequenceInfo>* sequences) {
+  ++structure_walks;
+  try {
+    *info = walk_root(file, f, size);
+    KVARN_CHECK(file.nameExists("sequences"), f, ": /sequences: missing group");
+    H5::Group seqs = file.openGroup("sequences");
+    std::vector<std::string> names;
+    for (hsize_t i = 0; i < seqs.getNumObjs(); ++i) names.push_back(seqs.getObjnameByIdx(i));
+    std::sort(names.begin(), names.end());
+    KVARN_CHECK(!names.empty(), f, ": /sequences: no sequences");
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      const std::string expect = sequence_name(static_cast<int>(i));
+      KVARN_CHECK(names[i] == expect, f, ": /sequences/", names[i],
+                  ": unexpected name (sequences must be named 000000, 000001, ... without gaps; "
+                  "expected ",
+                  expect, ")");
+      sequences->push_back(walk_sequence(seqs, names[i], *info, f, size));
+    }
+  } catch (const H5::Exception& e) {
+    fail(f, ": HDF5 error while reading the file structure: ", h5::describe(e));
+  }
+}
+
+// What the probe child sends back: "ok" and the file's structure, or "error" and the error
+// message without the file's name (the child of in-memory images does not know their label).
+void put_int(std::string& out, long long v) { put_text(out, std::to_string(v)); }
+
+bool take_int(const std::string& in, std::size_t& pos, long long& v) {
+  std::string text;
+  if (!take_text(in, pos, text)) return false;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  return ec == std::errc() && end == text.data() + text.size();
+}
+
+template <typename Int>
+bool take_int_as(const std::string& in, std::size_t& pos, Int& v) {
+  long long x = 0;
+  if (!take_int(in, pos, x) || !std::in_range<Int>(x)) return false;
+  v = static_cast<Int>(x);
+  return true;
+}
+
+bool take_ints(const std::string& in, std::size_t& pos, std::vector<int>& v) {
+  std::size_t n = 0;
+  if (!take_int_as(in, pos, n) || n > in.size() - pos) return false;
+  v.resize(n);
+  for (int& x : v) {
+    if (!take_int_as(in, pos, x)) return false;
+  }
+  return true;
+}
+
+void put_ints(std::string& out, const std::vector<int>& v) {
+  put_int(out, static_cast<long long>(v.size()));
+  for (int x : v) put_int(out, x);
+}
+
+std::string encode_structure(const TileFileInfo& info, const std::vector<SequenceInfo>& seqs) {
+  std::string out;
+  put_text(out, "ok");
+  put_text(out, info.model);
+  for (int v : {info.num_layers, info.num_kv_heads, info.num_q_heads, info.head_dim}) {
+    put_int(out, v);
+  }
+  std::uint64_t theta_bits = 0;
+  if (info.rope_theta) std::memcpy(&theta_bits, &*info.rope_theta, sizeof(theta_bits));
+  put_int(out, info.rope_theta ? 1 : 0);
+  put_text(out, std::to_string(theta_bits));
+  put_text(out, info.source);
+  put_text(out, info.provenance);
+  put_ints(out, info.layers);
+  put_int(out, static_cast<long long>(seqs.size()));
+  for (const SequenceInfo& si : seqs) {
+    put_text(out, si.name);
+    put_int(out, si.num_tokens);
+    put_text(out, si.prompt_id);
+    put_int(out, (si.has_k_pre_rope ? 1 : 0) | (si.has_q ? 2 : 0));
+    put_ints(out, si.q_heads);
+  }
+  return out;
+}
+
+std::string encode_error(const std::string& f, const std::string& what) {
+  std::string out;
+  put_text(out, "error");
+  const std::string prefix = f + ": ";
+  put_text(out, what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what);
+  return out;
+}
+
+bool take_theta(const std::string& in, std::size_t& pos, std::optional<double>& theta) {
+  long long has = 0;
+  std::string bits_text;
+  if (!take_int(in, pos, has) || !take_text(in, pos, bits_text)) return false;
+  std::uint64_t bits = 0;
+  const auto [end, ec] =
+      std::from_chars(bits_text.data(), bits_text.data() + bits_text.size(), bits);
+  if (ec != std::errc() || end != bits_text.data() + bits_text.size()) return false;
+  if (has) {
+    double v = 0;
+    std::memcpy(&v, &bits, sizeof(v));
+    theta = v;
+  }
+  return true;
+}
+
+bool take_sequence(const std::string& in, std::size_t& pos, SequenceInfo& si) {
+  int flags = 0;
+  if (!take_text(in, pos, si.name) || !take_int_as(in, pos, si.num_tokens) ||
+      !take_text(in, pos, si.prompt_id) || !take_int_as(in, pos, flags) ||
+      !take_ints(in, pos, si.q_heads)) {
+    return false;
+  }
+  si.has_k_pre_rope = (flags & 1) != 0;
+  si.has_q = (flags & 2) != 0;
+  return true;
+}
+
+// Fills *info and *seqs from the probe child's record; throws the child's error (naming `f`).
+void decode_structure(const std::string& f, const std::string& in, TileFileInfo* info,
+                      std::vector<SequenceInfo>* seqs) {
+  std::size_t pos = 0;
+  std::string kind, text;
+  bool ok = take_text(in, pos, kind);
+  if (ok && kind == "error" && take_text(in, pos, text)) fail(f, ": ", text);
+  ok = ok && kind == "ok" && take_text(in, pos, info->model);
+  for (int* v : {&info->num_layers, &info->num_kv_heads, &info->num_q_heads, &info->head_dim}) {
+    ok = ok && take_int_as(in, pos, *v);
+  }
+  ok = ok && take_theta(in, pos, info->rope_theta) && take_text(in, pos, info->source) &&
+       take_text(in, pos, info->provenance) && take_ints(in, pos, info->layers);
+  std::size_t n = 0;
+  ok = ok && take_int_as(in, pos, n) && n <= in.size() - pos;
+  for (std::size_t i = 0; ok && i < n; ++i) {
+    ok = take_sequence(in, pos, seqs->emplace_back());
+  }
+  KVARN_CHECK(ok && pos == in.size(), f,
+              ": the probe process sent back a damaged description of the file structure");
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -340,157 +546,56 @@ TileReader::TileReader(const fs::path& label, const void* image, std::size_t siz
 
 long long TileReader::string_attribute_reads_in_process() { return string_attr_reads; }
 
+long long TileReader::structure_walks_in_process() { return structure_walks; }
+
+// libhdf5 1.10.8 decodes corrupt object-header messages past the end of their buffer, and what
+// it meets there is whatever the process's heap holds next to it: a file the probe child walked
+// safely crashed this process (fuzz/crashes/tile_reader/hdf5_attr_decode_overread_*.h5). So the
+// walk runs only in the child, which sends back the structure (or the error); this process only
+// opens the file and, later, the datasets it reads.
 TileReader::TileReader(const fs::path& path, std::optional<Image> image, std::string* record)
     : path_(path) {
   h5::silence_errors();
   const std::string f = path.string();
   const std::uintmax_t size =
       image ? check_image_start(f, image->data, image->size) : check_file_start(path);
-  std::optional<StringAttrs> strings;
-  if (record) {
-    strings.emplace(record);  // this is the probe child's walk
-  } else {
-    // The same walk as below, first in a child process (libhdf5 crashes and hangs, h5_probe.hpp),
-    // which hands back the string attributes.
-    std::string probed;
-    if (image) {
-      // One long-lived child for every image (the fuzz target opens millions).
-      static std::mutex mu;
-      static h5::ProbeWorker worker([](const std::string& bytes, std::string& result) {
-        const TileReader walked("image", Image{bytes.data(), bytes.size()}, &result);
-      });
-      const std::lock_guard<std::mutex> lock(mu);
-      probed = worker.run(f, "the file structure", image->data, image->size, h5::probe_seconds());
-    } else {
-      probed = h5::probe_file_once(f, "the file structure", [&](std::string& result) {
-        const TileReader walked(path, std::nullopt, &result);
-      });
-    }
-    strings.emplace(f, probed);
-  }
   impl_ = std::make_unique<Impl>();
   impl_->file_size = size;
+  if (record) {
+    // The probe child: the walk, its outcome appended to *record either way.
+    try {
+      open_file(f, image);
+      walk_file(impl_->file, f, size, &info_, &sequences_);
+    } catch (const std::exception& e) {
+      *record = encode_error(f, e.what());
+      throw;
+    }
+    *record = encode_structure(info_, sequences_);
+    return;
+  }
+  std::string probed;
+  if (image) {
+    // One long-lived child for every image (the fuzz target opens millions).
+    static std::mutex mu;
+    static h5::ProbeWorker worker([](const std::string& bytes, std::string& result) {
+      const TileReader walked("image", Image{bytes.data(), bytes.size()}, &result);
+    });
+    const std::lock_guard<std::mutex> lock(mu);
+    probed = worker.run(f, "the file structure", image->data, image->size, h5::probe_seconds());
+  } else {
+    probed = h5::probe_file_once(f, "the file structure", [&](std::string& result) {
+      const TileReader walked(path, std::nullopt, &result);
+    });
+  }
+  decode_structure(f, probed, &info_, &sequences_);
+  open_file(f, image);
+}
+
+void TileReader::open_file(const std::string& f, std::optional<Image> image) {
   try {
     impl_->file = image ? open_image(image->data, image->size) : H5::H5File(f, H5F_ACC_RDONLY);
   } catch (const H5::Exception& e) {
     fail(f, ": cannot open as HDF5 (truncated or corrupt file?): ", h5::describe(e));
-  }
-  try {
-    const H5::H5File& file = impl_->file;
-    const Where root{f, "/"};
-    const std::string format = strings->get(file, "format", root);
-    KVARN_CHECK(format == kTileFormat, f, ": attribute 'format' is '", format, "', expected '",
-                kTileFormat, "' (not a tile file)");
-    const long long version = read_int_attr(file, "format_version", root);
-    KVARN_CHECK(version == kTileFormatVersion, f, ": unsupported format_version ", version,
-                " (this build reads version ", kTileFormatVersion, ")");
-    info_.model = strings->get(file, "model", root);
-    info_.num_layers = read_positive_int_attr(file, "num_layers", root);
-    info_.num_kv_heads = read_positive_int_attr(file, "num_kv_heads", root);
-    info_.num_q_heads = read_positive_int_attr(file, "num_q_heads", root);
-    info_.head_dim = read_positive_int_attr(file, "head_dim", root);
-    KVARN_CHECK(info_.num_q_heads % info_.num_kv_heads == 0, f, ": num_q_heads ", info_.num_q_heads,
-                " is not a multiple of num_kv_heads ", info_.num_kv_heads);
-    if (file.attrExists("rope_theta")) {
-      H5::Attribute a = file.openAttribute("rope_theta");
-      H5::DataType t = a.getDataType();
-      KVARN_CHECK(t.getClass() == H5T_FLOAT || t.getClass() == H5T_INTEGER, f,
-                  ": attribute 'rope_theta' must be a number, is ", type_text(t));
-      check_scalar(a, "rope_theta", root);
-      double theta = 0;
-      a.read(H5::PredType::NATIVE_DOUBLE, &theta);
-      KVARN_CHECK(std::isfinite(theta) && theta > 0, f, ": attribute 'rope_theta' = ", theta,
-                  " must be positive");
-      info_.rope_theta = theta;
-    }
-    info_.source = strings->get(file, "source", root);
-    info_.provenance = strings->get(file, "provenance", root);
-
-    KVARN_CHECK(file.nameExists("layers"), f, ": /layers: missing dataset");
-    const Where wl{f, "/layers"};
-    info_.layers = read_int_vector(file.openDataSet("layers"), size, wl);
-    KVARN_CHECK(!info_.layers.empty(), wl.str(), ": no captured layers");
-    std::set<int> seen;
-    for (std::size_t i = 0; i < info_.layers.size(); ++i) {
-      const int l = info_.layers[i];
-      KVARN_CHECK(l >= 0 && l < info_.num_layers, wl.str(), ": layer ", l, " at index ", i,
-                  " is outside the model's ", info_.num_layers, " layers");
-      KVARN_CHECK(seen.insert(l).second, wl.str(), ": layer ", l, " listed twice");
-    }
-
-    KVARN_CHECK(file.nameExists("sequences"), f, ": /sequences: missing group");
-    H5::Group seqs = file.openGroup("sequences");
-    std::vector<std::string> names;
-    for (hsize_t i = 0; i < seqs.getNumObjs(); ++i) names.push_back(seqs.getObjnameByIdx(i));
-    std::sort(names.begin(), names.end());
-    KVARN_CHECK(!names.empty(), f, ": /sequences: no sequences");
-    const hsize_t L = info_.layers.size(), H = info_.num_kv_heads, D = info_.head_dim;
-    for (std::size_t i = 0; i < names.size(); ++i) {
-      const std::string expect = sequence_name(static_cast<int>(i));
-      KVARN_CHECK(names[i] == expect, f, ": /sequences/", names[i],
-                  ": unexpected name (sequences must be named 000000, 000001, ... without gaps; "
-                  "expected ",
-                  expect, ")");
-      const std::string gpath = "/sequences/" + names[i];
-      const Where wg{f, gpath};
-      KVARN_CHECK(seqs.childObjType(names[i]) == H5O_TYPE_GROUP, wg.str(), ": not a group");
-      H5::Group g = seqs.openGroup(names[i]);
-      SequenceInfo si;
-      si.name = names[i];
-      si.num_tokens = read_positive_int_attr(g, "num_tokens", wg);
-      si.prompt_id = strings->get(g, "prompt_id", wg);
-      const hsize_t T = si.num_tokens;
-      for (const char* req : {"token_ids", "k", "v"}) {
-        KVARN_CHECK(g.nameExists(req), f, ": ", gpath, "/", req, ": missing dataset");
-      }
-      {
-        const Where w{f, gpath + "/token_ids"};
-        H5::DataSet ds = g.openDataSet("token_ids");
-        H5::DataType t = ds.getDataType();
-        KVARN_CHECK(t.getClass() == H5T_INTEGER, w.str(), ": dtype is ", type_text(t),
-                    ", expected int32");
-        std::vector<hsize_t> dims = extent(ds);
-        KVARN_CHECK(dims == std::vector<hsize_t>{T}, w.str(), ": shape is ", dims_text(dims),
-                    ", expected [", T, "] (num_tokens)");
-        check_backed(ds, dims, t.getSize(), size, w);
-      }
-      const std::string kv_text = "[captured layers, num_kv_heads, num_tokens, head_dim]";
-      for (const char* name : {"k", "v", "k_pre_rope"}) {
-        if (!g.nameExists(name)) continue;
-        const Where w{f, gpath + "/" + name};
-        H5::DataSet ds = g.openDataSet(name);
-        check_slab_dataset(ds, {L, H, T, D}, kv_text, size, w);
-        if (std::string(name) != "v") check_post_rope(ds, std::string(name) == "k" ? 1 : 0, w);
-      }
-      si.has_k_pre_rope = g.nameExists("k_pre_rope");
-      if (g.nameExists("q")) {
-        const Where w{f, gpath + "/q"};
-        H5::DataSet ds = g.openDataSet("q");
-        KVARN_CHECK(ds.attrExists("heads"), w.str(), ": missing attribute 'heads'");
-        H5::Attribute a = ds.openAttribute("heads");
-        H5::DataType t = a.getDataType();
-        KVARN_CHECK(t.getClass() == H5T_INTEGER, w.str(), ": attribute 'heads' must be int32, is ",
-                    type_text(t));
-        const hssize_t n = a.getSpace().getSimpleExtentNpoints();
-        KVARN_CHECK(n <= info_.num_q_heads, w.str(), ": attribute 'heads' has ", n,
-                    " entries, more than the model's ", info_.num_q_heads, " query heads");
-        si.q_heads.resize(n);
-        if (n > 0) a.read(H5::PredType::NATIVE_INT, si.q_heads.data());
-        KVARN_CHECK(n > 0, w.str(), ": attribute 'heads' is empty");
-        for (std::size_t j = 0; j < si.q_heads.size(); ++j) {
-          KVARN_CHECK(si.q_heads[j] >= 0 && si.q_heads[j] < info_.num_q_heads, w.str(), ": heads[",
-                      j, "] = ", si.q_heads[j], " is outside the model's ", info_.num_q_heads,
-                      " query heads");
-        }
-        check_slab_dataset(ds, {L, static_cast<hsize_t>(n), T, D},
-                           "[captured layers, len(heads), num_tokens, head_dim]", size, w);
-        check_post_rope(ds, 1, w);
-        si.has_q = true;
-      }
-      sequences_.push_back(std::move(si));
-    }
-  } catch (const H5::Exception& e) {
-    fail(f, ": HDF5 error while reading the file structure: ", h5::describe(e));
   }
 }
 

@@ -87,9 +87,10 @@ TileMatrix decode_slab(const StoredSlab& slab);
 
 class TileReader {
  public:
-  // Opens `path`. The file's structure is first walked in a child process (h5_probe.hpp): a
-  // libhdf5 crash or hang on corrupt metadata becomes one kvarn::Error naming the file. A file
-  // that passed is remembered (path, inode, size, mtime) and not probed again.
+  // Opens `path`. The file's structure is walked in a child process only (h5_probe.hpp), which
+  // sends it back: a libhdf5 crash or hang on corrupt metadata becomes one kvarn::Error naming
+  // the file, and this process never decodes an attribute. A file's walk is remembered (path,
+  // inode, size, mtime) and not repeated.
   explicit TileReader(const std::filesystem::path& path);
   // Reads an in-memory copy of a tile file (`size` bytes at `image`, copied), probed the same
   // way every time; `label` names it in errors.
@@ -113,9 +114,11 @@ class TileReader {
   // Reads every slab once (bounded memory), so non-finite values anywhere are reported.
   void validate_values() const;
 
-  // How many string attributes libhdf5 has read in this process for tile readers: 0 while every
-  // reader is probed (only the probe child reads them, see StringAttrs in tile_file.cpp).
+  // How many string attributes libhdf5 has read, and how many structure walks (every attribute,
+  // dataset dtype, shape and chunk index) have run, in this process for tile readers: 0 while
+  // every reader is probed (only the probe child walks the structure, see tile_file.cpp).
   static long long string_attribute_reads_in_process();
+  static long long structure_walks_in_process();
 
  private:
   struct Impl;
@@ -123,11 +126,11 @@ class TileReader {
     const void* data = nullptr;
     std::size_t size = 0;
   };
-  class StringAttrs;
   // `image` null: read the file at `path`. `record` null: walk the structure in a probe child
-  // first and take the string attributes from it; else this is that child's walk, which reads
-  // them and appends them to *record.
+  // and take it (or its error) from the child; else this is that child's walk, which writes its
+  // outcome to *record.
   TileReader(const std::filesystem::path& path, std::optional<Image> image, std::string* record);
+  void open_file(const std::string& f, std::optional<Image> image);
   std::filesystem::path path_;
   std::unique_ptr<Impl> impl_;
   TileFileInfo info_;
