@@ -45,8 +45,9 @@ void become_probe_child(int err_fd);
 bool send_all(int fd, const void* buf, std::size_t n);
 
 // Runs `walk` and hands its result to the parent, whether the walk returned or threw.
-[[noreturn]] void child_main(int err_fd, int result_fd, const ProbeWalk& walk) {
+[[noreturn]] void child_main(int err_fd, int result_fd, const ProbeWalk& walk, double seconds) {
   become_probe_child(err_fd);
+  limit_probe_cpu(seconds);
   std::string result;
   try {
     walk(result);
@@ -135,6 +136,26 @@ void become_probe_child(int err_fd) {
   ::setrlimit(RLIMIT_CORE, &no_core);
 }
 
+}  // namespace
+
+void limit_probe_cpu(double seconds) {
+  // The parent stops a walk at its limit; a parent that died (killed, crashed) cannot, and a
+  // libhdf5 loop would spin on. The kernel ends this process (SIGXCPU; no core) when its CPU
+  // time passes what it has used so far plus the limit and a margin: after the parent's own stop
+  // while the parent lives. Only the soft limit moves (raising a hard limit needs privileges).
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  const double used = static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+                      1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  rlimit r{};
+  ::getrlimit(RLIMIT_CPU, &r);
+  const rlim_t soft = static_cast<rlim_t>(std::ceil(used + std::max(seconds, 0.0))) + 2;
+  r.rlim_cur = r.rlim_max == RLIM_INFINITY ? soft : std::min<rlim_t>(soft, r.rlim_max);
+  ::setrlimit(RLIMIT_CPU, &r);
+}
+
+namespace {
+
 bool read_all(int fd, void* buf, std::size_t n) {
   auto* p = static_cast<char*>(buf);
   while (n > 0) {
@@ -206,7 +227,7 @@ std::string run_probe(const std::string& file, const std::string& what, const Pr
   if (pid == 0) {
     ::close(err_fds[0]);
     ::close(result_fds[0]);
-    child_main(err_fds[1], result_fds[1], walk);
+    child_main(err_fds[1], result_fds[1], walk, seconds);
   }
   const int fork_errno = errno;
   ::close(err_fds[1]);
@@ -275,11 +296,14 @@ void ProbeWorker::start(const std::string& file, const std::string& what) {
     ::close(sv[0]);
     ::close(ep[0]);
     become_probe_child(ep[1]);
-    // One input per request: its size, then its bytes; back once walked: one byte, the size of
-    // the result, the result.
-    for (std::uint64_t n = 0; read_all(sv[1], &n, sizeof(n));) {
+    // One input per request: the time limit, its size, then its bytes; back once walked: one
+    // byte, the size of the result, the result.
+    double seconds = 0;
+    for (std::uint64_t n = 0; read_all(sv[1], &seconds, sizeof(seconds)) &&
+                              read_all(sv[1], &n, sizeof(n));) {
       std::string bytes(n, '\0');
       if (!read_all(sv[1], bytes.data(), n)) break;
+      limit_probe_cpu(seconds);
       std::string result;
       try {
         walk_(bytes, result);
@@ -314,7 +338,8 @@ std::string ProbeWorker::run(const std::string& file, const std::string& what, c
   if (pid_ < 0) start(file, what);
   const double cpu_start = cpu_seconds_of(pid_);
   const std::uint64_t n = size;
-  const bool sent = send_all(to_child_, &n, sizeof(n)) && send_all(to_child_, data, size);
+  const bool sent = send_all(to_child_, &seconds, sizeof(seconds)) &&
+                    send_all(to_child_, &n, sizeof(n)) && send_all(to_child_, data, size);
   // The limit is on the child's CPU time for this input: a loop in libhdf5 burns CPU, a child
   // waiting for a busy machine does not. A wall-clock limit backs it (a child stuck without
   // using CPU), at least kMinWallSeconds.

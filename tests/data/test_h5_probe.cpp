@@ -2,9 +2,12 @@
 // crashed (SIGSEGV) and hung libhdf5 1.10.8 end in one kvarn::Error naming the file; the
 // in-memory reader agrees with the file reader.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -349,6 +352,91 @@ TEST(ProbeWorker, LimitIsOnCpuTime) {
   EXPECT_LT(s, 9.0);  // not the wall-clock backstop
   EXPECT_EQ(worker_error("sleep", 0.2), "");
   EXPECT_EQ(worker_error("ok", 0.2), "");
+}
+
+// Whether process `pid` has ended (gone, or a zombie not yet reaped by its new parent).
+bool ended(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const auto close = text.rfind(')');
+  return text.empty() || (close != std::string::npos && close + 2 < text.size() &&
+                          (text[close + 2] == 'Z' || text[close + 2] == 'X'));
+}
+
+// Waits up to `seconds` of wall time for `pid` to end; kills it when it does not.
+bool ends_within(pid_t pid, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (ended(pid)) return true;
+    ::usleep(50 * 1000);
+  }
+  ::kill(pid, SIGKILL);
+  return false;
+}
+
+[[noreturn]] void spin_forever() {
+  volatile std::uint64_t i = 0;
+  for (;;) {
+    const std::uint64_t next = i + 1;
+    i = next;
+  }
+}
+
+// The kernel's CPU limit of a probe child: a loop that nobody stops ends by SIGXCPU.
+TEST(H5Probe, CpuLimitEndsALoopByItself) {
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    h5::limit_probe_cpu(0.2);
+    spin_forever();
+  }
+  int status = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60)) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      FAIL() << "the loop ran 60 s of wall time past a CPU limit of 0.2 s + margin";
+    }
+    ::usleep(20 * 1000);
+  }
+  ASSERT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(WTERMSIG(status), SIGXCPU);
+}
+
+// A ProbeWorker whose parent dies mid-walk (killed while waiting for a looping walk) does not
+// spin on: the kernel ends it a few CPU seconds after the walk's limit.
+TEST(ProbeWorker, OrphanedWorkerEndsByItself) {
+  int pids[2];
+  ASSERT_EQ(::pipe(pids), 0);
+  const pid_t parent = ::fork();
+  ASSERT_GE(parent, 0);
+  if (parent == 0) {
+    ::close(pids[0]);
+    ::alarm(1);  // this process dies (SIGALRM) long before the walk's 1.5 s of CPU
+    h5::ProbeWorker w([fd = pids[1]](const std::string&, std::string&) {
+      const pid_t me = ::getpid();
+      if (::write(fd, &me, sizeof(me)) != sizeof(me)) ::_exit(3);
+      spin_forever();
+    });
+    const char input = 'x';
+    try {
+      w.run("image.h5", "it", &input, 1, 1.5);
+    } catch (...) {
+    }
+    ::_exit(2);  // not reached unless the walk ended first
+  }
+  ::close(pids[1]);
+  pid_t walker = -1;
+  const bool got = ::read(pids[0], &walker, sizeof(walker)) == sizeof(walker);
+  ::close(pids[0]);
+  int status = 0;
+  ::waitpid(parent, &status, 0);
+  ASSERT_TRUE(got);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM) << status;
+  // 1.5 s of CPU plus the margin (at most 3.5 s of CPU), with room for a loaded machine.
+  EXPECT_TRUE(ends_within(walker, 60)) << "the orphaned probe child " << walker << " kept running";
 }
 
 }  // namespace

@@ -16,6 +16,11 @@ namespace kvarn::h5 {
 // Time limit of one probe in seconds: KVARN_H5_PROBE_SECONDS when set (> 0), else 60.
 double probe_seconds();
 
+// In a probe child, before a walk: the kernel ends the process (SIGXCPU) once it has used
+// `seconds` more CPU time plus a margin of 1-3 s, so a walk stuck in libhdf5 ends even when the
+// parent that would stop it is gone.
+void limit_probe_cpu(double seconds);
+
 // A structure walk run in the probe child. It writes what the parent needs from the file and must
 // not read itself into `result` (the values of string attributes: libhdf5 read variable-length
 // strings of corrupt files safely in the child and crashed on the same bytes in the parent, whose
