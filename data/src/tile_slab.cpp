@@ -18,6 +18,7 @@
 #include "kvarn/data/h5_io.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define KVARN_F16C_PATH 1
 #endif
@@ -172,8 +173,13 @@ __attribute__((target("avx2,f16c"))) bool halfs_to_floats_f16c(HalfBytes in, std
   return ok;
 }
 
+// F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c".
 bool cpu_has_f16c() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  static const bool yes = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 &&
+           (ecx & bit_F16C) != 0;
+  }();
   return yes;
 }
 #else
