@@ -20,13 +20,16 @@ struct Reader {
 
   bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
   int get_int(const char* key, std::optional<int> fallback = std::nullopt) const {
-    if (!has(key)) {
+    return get_int(j, key, fallback);
+  }
+  int get_int(const json& obj, const char* key, std::optional<int> fallback) const {
+    if (!obj.contains(key) || obj[key].is_null()) {
       KVARN_CHECK(fallback.has_value(), file, ": missing '", key, "'");
       return *fallback;
     }
-    KVARN_CHECK(j[key].is_number_integer(), file, ": '", key, "' must be an integer, got ",
-                j[key].dump());
-    const auto v = j[key].get<std::int64_t>();
+    KVARN_CHECK(obj[key].is_number_integer(), file, ": '", key, "' must be an integer, got ",
+                obj[key].dump());
+    const auto v = obj[key].get<std::int64_t>();
     KVARN_CHECK(v >= 0 && v <= (1ll << 31) - 1, file, ": '", key, "' = ", v, " is out of range");
     return static_cast<int>(v);
   }
@@ -88,9 +91,8 @@ RopeConfig parse_rope(const Reader& r) {
     rope.factor = r.get_double(params, "factor", std::nullopt);
     rope.low_freq_factor = r.get_double(params, "low_freq_factor", std::nullopt);
     rope.high_freq_factor = r.get_double(params, "high_freq_factor", std::nullopt);
-    rope.original_max_position_embeddings = static_cast<int>(
-        r.get_double(params, "original_max_position_embeddings",
-                     static_cast<double>(r.get_int("max_position_embeddings", 2048))));
+    rope.original_max_position_embeddings = r.get_int(
+        params, "original_max_position_embeddings", r.get_int("max_position_embeddings", 2048));
     KVARN_CHECK(rope.high_freq_factor != rope.low_freq_factor, file,
                 ": llama3 RoPE needs high_freq_factor != low_freq_factor");
   } else {
