@@ -28,7 +28,19 @@ cleanup() {
   scancel --full -u root >/dev/null 2>&1 || true
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  if [ "${KEEP_WORK:-0}" != 1 ]; then rm -rf "$work"; else echo "kept $work"; fi
+  # The daemons are not this shell's children: give them up to 10 s to exit (slurmctld writes
+  # its state on the way out), so that the work folder can be removed.
+  for _ in $(seq 100); do
+    alive=0
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ $alive = 0 ] && break
+    sleep 0.1
+  done
+  if [ "${KEEP_WORK:-0}" != 1 ]; then
+    rm -rf "$work" 2>/dev/null || { sleep 1; rm -rf "$work"; }
+  else
+    echo "kept $work"
+  fi
 }
 trap cleanup EXIT
 
