@@ -136,26 +136,6 @@ void become_probe_child(int err_fd) {
   ::setrlimit(RLIMIT_CORE, &no_core);
 }
 
-}  // namespace
-
-void limit_probe_cpu(double seconds) {
-  // The parent stops a walk at its limit; a parent that died (killed, crashed) cannot, and a
-  // libhdf5 loop would spin on. The kernel ends this process (SIGXCPU; no core) when its CPU
-  // time passes what it has used so far plus the limit and a margin: after the parent's own stop
-  // while the parent lives. Only the soft limit moves (raising a hard limit needs privileges).
-  rusage u{};
-  ::getrusage(RUSAGE_SELF, &u);
-  const double used = static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-                      1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-  rlimit r{};
-  ::getrlimit(RLIMIT_CPU, &r);
-  const rlim_t soft = static_cast<rlim_t>(std::ceil(used + std::max(seconds, 0.0))) + 2;
-  r.rlim_cur = r.rlim_max == RLIM_INFINITY ? soft : std::min<rlim_t>(soft, r.rlim_max);
-  ::setrlimit(RLIMIT_CPU, &r);
-}
-
-namespace {
-
 bool read_all(int fd, void* buf, std::size_t n) {
   auto* p = static_cast<char*>(buf);
   while (n > 0) {
@@ -200,6 +180,19 @@ double cpu_seconds_of(pid_t pid) {
 }
 
 }  // namespace
+
+void limit_probe_cpu(double seconds) {
+  // The parent stops a walk at its limit; a parent that died (killed, crashed) cannot, and a
+  // libhdf5 loop would spin on. The kernel ends this process (SIGXCPU; no core) when its CPU
+  // time passes what it has used so far plus the limit and a margin: after the parent's own stop
+  // while the parent lives. Only the soft limit moves (raising a hard limit needs privileges).
+  const double used = std::max(cpu_seconds_of(::getpid()), 0.0);
+  rlimit r{};
+  ::getrlimit(RLIMIT_CPU, &r);
+  const rlim_t soft = static_cast<rlim_t>(std::ceil(used + std::max(seconds, 0.0))) + 2;
+  r.rlim_cur = r.rlim_max == RLIM_INFINITY ? soft : std::min<rlim_t>(soft, r.rlim_max);
+  ::setrlimit(RLIMIT_CPU, &r);
+}
 
 double probe_seconds() {
   if (const char* env = std::getenv("KVARN_H5_PROBE_SECONDS")) {
@@ -299,8 +292,8 @@ void ProbeWorker::start(const std::string& file, const std::string& what) {
     // One input per request: the time limit, its size, then its bytes; back once walked: one
     // byte, the size of the result, the result.
     double seconds = 0;
-    for (std::uint64_t n = 0; read_all(sv[1], &seconds, sizeof(seconds)) &&
-                              read_all(sv[1], &n, sizeof(n));) {
+    for (std::uint64_t n = 0;
+         read_all(sv[1], &seconds, sizeof(seconds)) && read_all(sv[1], &n, sizeof(n));) {
       std::string bytes(n, '\0');
       if (!read_all(sv[1], bytes.data(), n)) break;
       limit_probe_cpu(seconds);
