@@ -195,23 +195,29 @@ std::size_t KvCache::stored_bytes() const {
   return b;
 }
 
+std::unique_ptr<KvCache> sequence_cache(const Method& method, const Matrix& k, const Matrix& v,
+                                        const LayerContext& layer, const std::string& what) {
+  KVARN_CHECK(k.rows() == v.rows() && k.cols() == v.cols(), what, ": K is ", k.rows(), "x",
+              k.cols(), " but V is ", v.rows(), "x", v.cols());
+  auto cache = method.make_cache(static_cast<int>(k.cols()), layer);
+  cache->append(k.data(), v.data(), static_cast<int>(k.rows()));
+  return cache;
+}
+
+std::vector<std::uint8_t> quantized_flags(const KvCache& cache, StreamKind kind) {
+  std::vector<std::uint8_t> flags(static_cast<std::size_t>(cache.size()));
+  for (int i = 0; i < cache.size(); ++i) flags[i] = cache.quantized(kind, i);
+  return flags;
+}
+
 SequenceResult quantize_sequence(const Method& method, const Matrix& k, const Matrix& v,
                                  const LayerContext& layer) {
-  KVARN_CHECK(k.rows() == v.rows() && k.cols() == v.cols(), "quantize_sequence: K is ", k.rows(),
-              "x", k.cols(), " but V is ", v.rows(), "x", v.cols());
-  const int d = static_cast<int>(k.cols());
-  auto cache = method.make_cache(d, layer);
-  cache->append(k.data(), v.data(), static_cast<int>(k.rows()));
+  const auto cache = sequence_cache(method, k, v, layer, "quantize_sequence");
   SequenceResult r;
   r.k_hat = cache->keys();
   r.v_hat = cache->values();
-  const int t = cache->size();
-  r.k_quantized.resize(t);
-  r.v_quantized.resize(t);
-  for (int i = 0; i < t; ++i) {
-    r.k_quantized[i] = cache->quantized(StreamKind::kKey, i);
-    r.v_quantized[i] = cache->quantized(StreamKind::kValue, i);
-  }
+  r.k_quantized = quantized_flags(*cache, StreamKind::kKey);
+  r.v_quantized = quantized_flags(*cache, StreamKind::kValue);
   r.stored_bytes = cache->stored_bytes();
   r.k_chunks = cache->release_chunks(StreamKind::kKey);
   r.v_chunks = cache->release_chunks(StreamKind::kValue);

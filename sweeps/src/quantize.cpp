@@ -204,13 +204,6 @@ struct SlabJob {
   double compute_cpu_s = 0;  // CPU seconds of the four above
 };
 
-// The cache's per-token flags of one stream: 1 = in a quantized chunk.
-std::vector<std::uint8_t> quantized_flags(const KvCache& cache, StreamKind kind) {
-  std::vector<std::uint8_t> flags(cache.size());
-  for (int i = 0; i < cache.size(); ++i) flags[i] = cache.quantized(kind, i);
-  return flags;
-}
-
 // The stored fields, byte checks and masks of the quantized slab, taken out of the cache.
 void collect_slab(const Method& method, KvCache* cache, SlabJob* job) {
   const int T = static_cast<int>(job->k.rows()), D = static_cast<int>(job->k.cols());
@@ -239,9 +232,9 @@ void collect_slab(const Method& method, KvCache* cache, SlabJob* job) {
   s.layer_skipped = method.layer_skipped(job->ctx);
 }
 
-// Decodes and quantizes one slab into job->out: the method's cache (the whole slab in one
-// append, as quantize_sequence does), the stored fields, the byte checks and the NMSE sums of
-// both streams. The sums and the reconstructions are read from the cache in place.
+// Decodes and quantizes one slab into job->out: the method's cache (sequence_cache, the whole
+// slab in one append, as quantize_sequence), the stored fields, the byte checks and the NMSE sums
+// of both streams. The sums and the reconstructions are read from the cache in place.
 void quantize_slab(const Method& method, bool reconstruction, SlabJob* job) {
   const double cpu0 = thread_cpu_seconds();
   auto t0 = Clock::now();
@@ -251,12 +244,8 @@ void quantize_slab(const Method& method, bool reconstruction, SlabJob* job) {
   job->v_in = StoredSlab();
   job->decode_s = seconds_since(t0);
   t0 = Clock::now();
-  KVARN_CHECK(job->k.rows() == job->v.rows() && job->k.cols() == job->v.cols(), job->where,
-              ": K is ", job->k.rows(), "x", job->k.cols(), " but V is ", job->v.rows(), "x",
-              job->v.cols());
   const std::unique_ptr<KvCache> cache =
-      method.make_cache(static_cast<int>(job->k.cols()), job->ctx);
-  cache->append(job->k.data(), job->v.data(), static_cast<int>(job->k.rows()));
+      sequence_cache(method, job->k, job->v, job->ctx, job->where);
   job->quantize_s = seconds_since(t0);
   t0 = Clock::now();
   collect_slab(method, cache.get(), job);

@@ -165,6 +165,15 @@ struct SequenceResult {
 SequenceResult quantize_sequence(const Method& method, const Matrix& k, const Matrix& v,
                                  const LayerContext& layer = {});
 
+// The method's cache after appending the whole sequence in one call: what quantize_sequence
+// reads its result from, for callers that read the cache in place instead of copying it. A
+// K/V shape mismatch is an error prefixed with `what`.
+std::unique_ptr<KvCache> sequence_cache(const Method& method, const Matrix& k, const Matrix& v,
+                                        const LayerContext& layer, const std::string& what);
+
+// Per token of `cache`, 1 where the `kind` row is in a quantized chunk, else 0.
+std::vector<std::uint8_t> quantized_flags(const KvCache& cache, StreamKind kind);
+
 // Throws kvarn::Error naming `what` and the first (row, column) that is NaN or Inf.
 void check_finite(const float* x, int rows, int cols, const std::string& what);
 
