@@ -5,6 +5,10 @@
 #include <functional>
 #include <numeric>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "kvarn/core/attention_ref.hpp"
 #include "kvarn/core/attention_row.hpp"
 #include "kvarn/data/error.hpp"
@@ -24,16 +28,29 @@ struct RowStats {
 };
 
 // Softmax of both rows into p, ph (length n) and the logit / distribution metrics of the row, the
-// per-key terms summed in key order (formulas: kvarn/core/attention_row.hpp).
-RowStats row_stats(const double* s, const double* sh, int n, double* p, double* ph, bool want_js) {
+// per-key terms summed in key order (formulas: kvarn/core/attention_row.hpp). kl_only: p̂ and the
+// logit errors are not needed, so neither is written.
+RowStats row_stats(const double* s, const double* sh, int n, double* p, double* ph, bool full) {
   RowStats r;
   const double lse = log_sum_exp(s, n), lseh = log_sum_exp(sh, n);
-  double kl = 0, abs_sum = 0, sq_sum = 0;
+  double kl = 0;
+  if (!full) {
+    for (int j = 0; j < n; ++j) {
+      const double ls = s[j] - lse;
+      p[j] = std::exp(ls);
+      kl += ar::kl_term(p[j], ls, sh[j] - lseh);
+    }
+    r.kl = ar::finish_kl(kl);
+    return r;
+  }
+  double abs_sum = 0, sq_sum = 0, js = 0;
+  const double l2 = ar::ln2();
   for (int j = 0; j < n; ++j) {
     const double ls = s[j] - lse, lsh = sh[j] - lseh;
     p[j] = std::exp(ls);
     ph[j] = std::exp(lsh);
     kl += ar::kl_term(p[j], ls, lsh);
+    js += ar::js_term(p[j], ph[j], ls, lsh, l2);
     const double d = sh[j] - s[j];
     abs_sum += std::fabs(d);
     sq_sum += d * d;
@@ -41,12 +58,7 @@ RowStats row_stats(const double* s, const double* sh, int n, double* p, double* 
   r.kl = ar::finish_kl(kl);
   r.mae = ar::finish_mae(abs_sum, n);
   r.rmse = ar::finish_rmse(sq_sum, n);
-  if (want_js) {
-    const double l2 = ar::ln2();
-    double js = 0;
-    for (int j = 0; j < n; ++j) js += ar::js_term(p[j], ph[j], s[j] - lse, sh[j] - lseh, l2);
-    r.js = ar::finish_js(js, l2);
-  }
+  r.js = ar::finish_js(js, l2);
   return r;
 }
 
@@ -67,12 +79,72 @@ double overlap_of_prefix(const std::vector<int>& a, const std::vector<int>& b, i
 
 MatrixD to_double(const Matrix& m) { return m.cast<double>(); }
 
-// Per-position metrics of one query head against its KV head. full = false: KL only.
+// Scratch of one block of query rows, one per worker thread.
+struct BlockScratch {
+  MatrixD s, sh, p, ph, o, oh;
+  std::vector<int> ia, ib;
+};
+
+// The inputs of one query head against its KV head.
+struct HeadRows {
+  const MatrixD &q, &k, &v, &kh, &vh;
+  int q_first;
+  const AttentionOptions& opts;
+  bool full;
+  int max_k;
+};
+
+// Query rows [i0, i0 + b) of one head into pm (rows are independent: any block order gives the
+// same values).
+void run_block(const HeadRows& in, int i0, int b, BlockScratch& w, PositionMetrics* pm) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(in.q.cols()));
+  const int n = in.q_first + i0 + b;  // keys visible to the last row of the block
+  w.s.noalias() = (in.q.middleRows(i0, b) * in.k.topRows(n).transpose()) * scale;
+  w.sh.noalias() = (in.q.middleRows(i0, b) * in.kh.topRows(n).transpose()) * scale;
+  w.p.setZero(b, n);
+  if (in.full) w.ph.setZero(b, n);
+  const int nk = static_cast<int>(in.opts.topk.size());
+  for (int r = 0; r < b; ++r) {
+    const int i = i0 + r, ni = in.q_first + i + 1;  // causal: keys 0..position
+    const RowStats st = row_stats(w.s.row(r).data(), w.sh.row(r).data(), ni, w.p.row(r).data(),
+                                  in.full ? w.ph.row(r).data() : nullptr, in.full);
+    pm->kl[i] = st.kl;
+    if (!in.full) continue;
+    pm->logit_mae[i] = st.mae;
+    pm->logit_rmse[i] = st.rmse;
+    pm->js[i] = st.js;
+    if (in.max_k > 0) {
+      top_indices(w.s.row(r).data(), ni, in.max_k, w.ia);
+      top_indices(w.sh.row(r).data(), ni, in.max_k, w.ib);
+      for (int t = 0; t < nk; ++t) {
+        const int kk = in.opts.topk[t];
+        pm->topk_overlap[t][i] = overlap_of_prefix(w.ia, w.ib, kk, ni);
+      }
+    }
+  }
+  if (!in.full) return;
+  w.o.noalias() = w.p * in.v.topRows(n);
+  w.oh.noalias() = w.ph * in.vh.topRows(n);
+  for (int r = 0; r < b; ++r) {
+    pm->output_nmse[i0 + r] =
+        ar::output_nmse((w.oh.row(r) - w.o.row(r)).squaredNorm(), w.o.row(r).squaredNorm());
+  }
+}
+
+int worker_threads(const AttentionOptions& opts) {
+#ifdef _OPENMP
+  return opts.threads > 0 ? opts.threads : omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+// Per-position metrics of one query head against its KV head. full = false: KL only. Blocks of
+// query rows run in parallel; each row's values are computed the same way whatever the thread.
 void run_head(const MatrixD& q, const MatrixD& k, const MatrixD& v, const MatrixD& kh,
               const MatrixD& vh, int q_first, const AttentionOptions& opts, bool full,
               PositionMetrics* pm) {
-  const int tq = static_cast<int>(q.rows()), d = static_cast<int>(q.cols());
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const int tq = static_cast<int>(q.rows());
   const int nk = static_cast<int>(opts.topk.size());
   const int max_k = nk ? *std::max_element(opts.topk.begin(), opts.topk.end()) : 0;
   pm->kl.assign(tq, 0);
@@ -83,41 +155,21 @@ void run_head(const MatrixD& q, const MatrixD& k, const MatrixD& v, const Matrix
     pm->output_nmse.assign(tq, 0);
     pm->topk_overlap.assign(nk, std::vector<double>(tq, 0));
   }
+  const HeadRows in{q, k, v, kh, vh, q_first, opts, full, max_k};
   const int block = std::max(1, opts.block);
-  MatrixD s, sh, p, ph, o, oh;
-  std::vector<int> ia, ib;
-  for (int i0 = 0; i0 < tq; i0 += block) {
-    const int b = std::min(block, tq - i0);
-    const int n = q_first + i0 + b;  // keys visible to the last row of the block
-    s.noalias() = (q.middleRows(i0, b) * k.topRows(n).transpose()) * scale;
-    sh.noalias() = (q.middleRows(i0, b) * kh.topRows(n).transpose()) * scale;
-    p.setZero(b, n);
-    ph.setZero(b, n);
-    for (int r = 0; r < b; ++r) {
-      const int i = i0 + r, ni = q_first + i + 1;  // causal: keys 0..position
-      const RowStats st =
-          row_stats(s.row(r).data(), sh.row(r).data(), ni, p.row(r).data(), ph.row(r).data(), full);
-      pm->kl[i] = st.kl;
-      if (!full) continue;
-      pm->logit_mae[i] = st.mae;
-      pm->logit_rmse[i] = st.rmse;
-      pm->js[i] = st.js;
-      if (max_k > 0) {
-        top_indices(s.row(r).data(), ni, max_k, ia);
-        top_indices(sh.row(r).data(), ni, max_k, ib);
-        for (int t = 0; t < nk; ++t) {
-          const int kk = opts.topk[t];
-          pm->topk_overlap[t][i] = overlap_of_prefix(ia, ib, kk, ni);
-        }
-      }
-    }
-    if (!full) continue;
-    o.noalias() = p * v.topRows(n);
-    oh.noalias() = ph * vh.topRows(n);
-    for (int r = 0; r < b; ++r) {
-      pm->output_nmse[i0 + r] =
-          ar::output_nmse((oh.row(r) - o.row(r)).squaredNorm(), o.row(r).squaredNorm());
-    }
+  const int blocks = (tq + block - 1) / block;
+  const int threads = std::max(1, std::min(worker_threads(opts), blocks));
+  std::vector<BlockScratch> scratch(threads);
+  // Later blocks see more keys: hand them out one at a time, the largest first.
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+  for (int bi = blocks - 1; bi >= 0; --bi) {
+#ifdef _OPENMP
+    BlockScratch& w = scratch[static_cast<std::size_t>(omp_get_thread_num())];
+#else
+    BlockScratch& w = scratch[0];
+#endif
+    const int i0 = bi * block;
+    run_block(in, i0, std::min(block, tq - i0), w, pm);
   }
 }
 

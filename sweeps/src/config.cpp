@@ -149,6 +149,7 @@ void parse_metrics(const Ctx& c, const YAML::Node& metrics, MetricsSelection& m)
       c.fail_at(metrics["device"], "metrics.device",
                 "cuda needs kvarn-eval built with CUDA (-DKVARN_ENABLE_CUDA=ON)");
   }
+  read_int(c, metrics, "metrics", config_key("metrics", "threads"), m.threads);
   if (!m.reconstruction && !m.attention) {
     c.fail_at(metrics, "metrics", "both reconstruction and attention are off: nothing to measure");
   }

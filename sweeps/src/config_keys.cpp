@@ -54,6 +54,7 @@ constexpr std::array kKeys = {
     ConfigKey{"metrics", "topk", T::kIntList, 1, kIntMax, "[1, 8, 32]", "top-k overlap levels"},
     ConfigKey{"metrics", "arrays", T::kBool, 0, 0, "true", "write arrays/<case>.h5"},
     ConfigKey{"metrics", "device", T::kString, 0, 0, "cpu", "cpu or cuda"},
+    ConfigKey{"metrics", "threads", T::kInt, 0, 1024, "0", "CPU threads, not hashed"},
     // accumulation.
     ConfigKey{"accumulation", "enabled", T::kBool, 0, 0, "false", "run the protocols"},
     ConfigKey{"accumulation", "model", T::kStrings, 0, 0, "required", "checkpoint directories"},

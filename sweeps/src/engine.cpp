@@ -283,6 +283,7 @@ struct CaseRun {
     mopts.breakdown = ms.arrays;
     aopts.topk = ms.topk;
     aopts.outlier_percents = ms.outlier_percents;
+    aopts.threads = ms.threads;
     aopts.per_position = true;  // position buckets need every row; arrays only when asked
     aopts.device = ms.device == "cuda" ? AttentionDevice::kCuda : AttentionDevice::kCpu;
   }

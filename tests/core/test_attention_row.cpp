@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -38,6 +39,24 @@ RowSums row_sums(const std::vector<double>& s, const std::vector<double>& sh) {
     r.sq += (sh[j] - s[j]) * (sh[j] - s[j]);
   }
   return r;
+}
+
+// js_term computes log1p(exp(-|δ|)) once for softplus(δ) and softplus(−δ): bit for bit the
+// two-call formula, signed zeros, underflow and overflow included.
+TEST(AttentionRow, JsTermEqualsTheTwoSoftplusFormulaBitForBit) {
+  const double l2 = ar::ln2();
+  const double deltas[] = {0.0, -0.0, 1e-300, -1e-300, 1e-9, -1e-9, 0.37, -0.37, 3.0, -3.0,
+                           40.0, -40.0, 745.5, -745.5, 800.0, -800.0};
+  for (double ls : {-0.5, -30.0}) {
+    for (double dlt : deltas) {
+      const double lsh = ls + dlt, d = lsh - ls;
+      const double p = std::exp(ls), ph = std::exp(lsh);
+      const double two_calls = p * (l2 - ar::softplus(d)) + ph * (l2 - ar::softplus(-d));
+      const double got = ar::js_term(p, ph, ls, lsh, l2);
+      EXPECT_EQ(std::memcmp(&got, &two_calls, sizeof got), 0) << ls << " " << dlt << ": " << got
+                                                               << " vs " << two_calls;
+    }
+  }
 }
 
 TEST(AttentionRow, Ln2AndSoftplus) {

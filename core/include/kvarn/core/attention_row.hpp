@@ -33,9 +33,13 @@ KVARN_HD double lse_finish(double mx, double sum_exp) { return mx + ::log(sum_ex
 KVARN_HD double kl_term(double p, double ls, double lsh) { return p * (ls - lsh); }
 // With δ = lsh − ls: log(p / m) = ln2 − softplus(δ), log(p̂ / m) = ln2 − softplus(−δ), m the
 // mixture: exactly 0 for identical rows (no exp/log round trip), no log(0) when p underflows.
+// softplus(δ) and softplus(−δ) share log1p(exp(−|δ|)), computed once: the same bits as two calls.
 KVARN_HD double js_term(double p, double ph, double ls, double lsh, double l2) {
   const double dlt = lsh - ls;
-  return p * (l2 - softplus(dlt)) + ph * (l2 - softplus(-dlt));
+  const double tail = ::log1p(::exp(-::fabs(dlt)));
+  const double sp_pos = dlt > 0 ? dlt + tail : tail;   // softplus(δ)
+  const double sp_neg = dlt < 0 ? -dlt + tail : tail;  // softplus(−δ)
+  return p * (l2 - sp_pos) + ph * (l2 - sp_neg);
 }
 
 // Per-row finishers of the summed terms. Rounding can leave KL a hair below 0 and JS above ln 2.

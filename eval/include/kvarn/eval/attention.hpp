@@ -37,6 +37,8 @@ struct AttentionOptions {
   // Position buckets [edges[i], edges[i+1]), ascending from 0; empty: 0, 1, 2, 4, 8, ... (log2).
   std::vector<int> bucket_edges;
   int block = 64;  // query rows per GEMM block (CPU)
+  // CPU worker threads over blocks of query rows; 0: OpenMP's default. Results do not depend on it.
+  int threads = 0;
   AttentionDevice device = AttentionDevice::kCpu;
 };
 

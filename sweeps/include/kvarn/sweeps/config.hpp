@@ -97,6 +97,7 @@ struct MetricsSelection {
   std::vector<int> topk = {1, 8, 32};
   bool arrays = true;          // per-position / per-channel arrays in arrays/<case>.h5
   std::string device = "cpu";  // attention metrics on "cpu" or "cuda" (kvarn_cuda)
+  int threads = 0;             // CPU attention-metric threads (0: OpenMP's default), not hashed
 };
 
 // `accumulation:` (docs/config-schema.md): the model runner with each case's method in the loop.
