@@ -128,6 +128,36 @@ TEST(Attention, MatchesIndependentDoubleComputation) {
   EXPECT_LT(r.summary.topk_overlap[0], 1.0 + 1e-15);
 }
 
+// Blocks of query rows run on worker threads: every per-position value, summary and outlier KL
+// is the same bits with 1, 2 and 5 threads (5 > blocks of the short head: clamped).
+TEST(Attention, ThreadCountDoesNotChangeAnyValue) {
+  const Layer l = make_layer(4, 2, 150, 16, 0.2, 9);
+  AttentionOptions opts;
+  opts.block = 16;
+  opts.outlier_percents = {1.0};
+  opts.threads = 1;
+  const AttentionReport one = measure(l, opts);
+  for (int threads : {2, 5}) {
+    opts.threads = threads;
+    const AttentionReport r = measure(l, opts);
+    ASSERT_EQ(r.heads.size(), one.heads.size());
+    for (std::size_t h = 0; h < r.heads.size(); ++h) {
+      const PositionMetrics &a = one.heads[h].positions, &b = r.heads[h].positions;
+      EXPECT_EQ(a.kl, b.kl) << threads << " threads, head " << h;
+      EXPECT_EQ(a.js, b.js) << threads << " threads, head " << h;
+      EXPECT_EQ(a.logit_mae, b.logit_mae);
+      EXPECT_EQ(a.logit_rmse, b.logit_rmse);
+      EXPECT_EQ(a.output_nmse, b.output_nmse);
+      EXPECT_EQ(a.topk_overlap, b.topk_overlap);
+    }
+    EXPECT_EQ(r.summary.kl, one.summary.kl);
+    EXPECT_EQ(r.summary.js, one.summary.js);
+    ASSERT_EQ(r.outliers.size(), 1u);
+    EXPECT_EQ(r.outliers[0].kl, one.outliers[0].kl);
+  }
+  EXPECT_GT(one.summary.kl, 0.0);
+}
+
 TEST(Attention, ReferenceAttentionIsCausalSoftmax) {
   const Layer l = make_layer(1, 1, 40, 8, 0.0, 3);
   const MatrixD o = reference_attention(l.q[0], l.k[0], l.v[0]);
