@@ -395,6 +395,7 @@ void static_pseudo_decode(const Model& model, const AccumulationReference& ref,
     p.mae_static.push_back(std::move(mae));
     p.nmse_static.push_back(std::move(nmse));
   }
+  p.has_static = true;
 }
 
 // Free-running decoding after the context: greedy, and sampled with the reference's draws.
@@ -456,7 +457,7 @@ AccumulationResult run_accumulation(const Model& model, const AccumulationRefere
   if (o.pseudo_decode || o.teacher_forced) {
     accumulated_and_teacher_forced(model, ref, method_spec, o, res);
   }
-  if (o.pseudo_decode) static_pseudo_decode(model, ref, method_spec, o, res);
+  if (o.pseudo_decode && o.static_replay) static_pseudo_decode(model, ref, method_spec, o, res);
   if (o.free_running) run_free_running(model, ref, method_spec, o, res);
   return res;
 }
@@ -470,17 +471,19 @@ std::vector<std::pair<std::string, double>> accumulation_summary(const Accumulat
     // reads the quantized cache.
     const std::size_t first = std::min<std::size_t>(1, last);
     const double acc = finite_mean(p.mae_accumulated[last]);
-    const double sta = finite_mean(p.mae_static[last]);
     const double acc1 = finite_mean(p.mae_accumulated[first]);
     m.emplace_back("accumulation.mae_accumulated.final", acc);
-    m.emplace_back("accumulation.mae_static.final", sta);
     m.emplace_back("accumulation.nmse_accumulated.final", finite_mean(p.nmse_accumulated[last]));
-    m.emplace_back("accumulation.nmse_static.final", finite_mean(p.nmse_static[last]));
     m.emplace_back("accumulation.mae_accumulated.first", acc1);
-    m.emplace_back("accumulation.mae_static.first", finite_mean(p.mae_static[first]));
     // Ratios only where defined (the fp16 method has zero error everywhere): no NaN rows.
     if (acc1 > 0) m.emplace_back("accumulation.mae_accumulated.growth", acc / acc1);
-    if (sta > 0) m.emplace_back("accumulation.mae_ratio.final", acc / sta);
+    if (p.has_static) {
+      const double sta = finite_mean(p.mae_static[last]);
+      m.emplace_back("accumulation.mae_static.final", sta);
+      m.emplace_back("accumulation.nmse_static.final", finite_mean(p.nmse_static[last]));
+      m.emplace_back("accumulation.mae_static.first", finite_mean(p.mae_static[first]));
+      if (sta > 0) m.emplace_back("accumulation.mae_ratio.final", acc / sta);
+    }
   }
   if (r.has_teacher) {
     const TeacherForcedResult& t = r.teacher;
@@ -525,9 +528,11 @@ nlohmann::json to_json(const AccumulationResult& r) {
   if (r.has_pseudo) {
     j["pseudo_decode"] = {{"context_len", r.pseudo.context_len},
                           {"mae_accumulated", mat(r.pseudo.mae_accumulated)},
-                          {"nmse_accumulated", mat(r.pseudo.nmse_accumulated)},
-                          {"mae_static", mat(r.pseudo.mae_static)},
-                          {"nmse_static", mat(r.pseudo.nmse_static)}};
+                          {"nmse_accumulated", mat(r.pseudo.nmse_accumulated)}};
+    if (r.pseudo.has_static) {
+      j["pseudo_decode"]["mae_static"] = mat(r.pseudo.mae_static);
+      j["pseudo_decode"]["nmse_static"] = mat(r.pseudo.nmse_static);
+    }
   }
   if (r.has_teacher) {
     j["teacher_forced"] = {{"kl", vec(r.teacher.kl)},

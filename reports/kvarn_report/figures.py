@@ -385,6 +385,8 @@ def fig_context(run: RunData, styles, out_dir: str) -> Optional[Figure]:
         return None
     fig, axes = _panel_grid(len(panels), 5.0 if len(panels) == 1 else 4.2)
     drawn = {}  # method -> its series over all panels (for the "(= 0)" legend label)
+    # Runs with accumulation.static_replay false have no static side: draw and describe it only when present.
+    has_static = any(ys is not None for _, series in panels for _, _, (ys, _) in series)
     for ax, (title, series) in zip(axes, panels):
         allx, ally = [], []
         for k, x, (ys, ya) in series:
@@ -403,7 +405,8 @@ def fig_context(run: RunData, styles, out_dir: str) -> Optional[Figure]:
             ax.set_xscale("log", base=2)
         ax.set_xlabel("Context length (tokens)")
         ax.set_ylabel("Attention output MAE vs. FP16 (log scale)")
-        ax.set_title(title or "Error against context length: static vs. accumulated quantization")
+        ax.set_title(title or ("Error against context length: static vs. accumulated quantization" if has_static
+                               else "Error against context length: accumulated quantization"))
 
     def lab(k, ys):
         vals = np.concatenate([y[np.isfinite(y)] for y in ys] or [np.zeros(0)])
@@ -411,8 +414,8 @@ def fig_context(run: RunData, styles, out_dir: str) -> Optional[Figure]:
 
     mh = [Line2D([], [], color=styles[k]["color"], marker=styles[k]["marker"], label=lab(k, ys))
           for k, ys in sorted(drawn.items(), key=lambda kv: run.methods.index(kv[0]))]
-    sh = [Line2D([], [], color="0.3", linestyle="-", label="static (quantized once)"),
-          Line2D([], [], color="0.3", linestyle="--", label="accumulated (pseudo-decode)")]
+    sh = ([Line2D([], [], color="0.3", linestyle="-", label="static (quantized once)")] if has_static else []) + \
+        [Line2D([], [], color="0.3", linestyle="--", label="accumulated (pseudo-decode)")]
     leg = axes[0].legend(handles=mh, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="Method")
     axes[0].add_artist(leg)
     axes[-1].legend(handles=sh, loc="lower left", bbox_to_anchor=(1.01, 0.0), frameon=False, title="Line style")
@@ -422,10 +425,13 @@ def fig_context(run: RunData, styles, out_dir: str) -> Optional[Figure]:
         "context_error",
         "Error against context length (pseudo-decode)",
         "Mean absolute error of the attention output against the FP16 reference as the context grows "
-        "(x: tokens in the cache, log₂ scale when it spans a wide range; y: log scale). Solid lines "
-        "quantize the whole context at once (static); dashed lines append tokens one chunk at a time "
-        "as a decoder would, so the error that the streaming cache accumulates shows as the gap "
-        "between a method's two lines. Lower is better." + _panel_note(panels),
+        "(x: tokens in the cache, log₂ scale when it spans a wide range; y: log scale). " +
+        ("Solid lines quantize the whole context at once (static); dashed lines append tokens one chunk "
+         "at a time as a decoder would, so the error that the streaming cache accumulates shows as the "
+         "gap between a method's two lines. " if has_static else
+         "Dashed lines append tokens one chunk at a time as a decoder would (accumulated); this run "
+         "left out the static replay (accumulation.static_replay: false). ") +
+        "Lower is better." + _panel_note(panels),
         "figures/context_error.png",
         "figures/context_error.pdf",
         [t for t, _ in panels if t],

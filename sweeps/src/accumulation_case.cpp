@@ -46,6 +46,7 @@ AccumulationOptions options_of(const AccumulationSettings& a, std::size_t prompt
   o.context = a.context;
   o.decode_steps = a.decode_steps;
   o.pseudo_decode = a.pseudo_decode;
+  o.static_replay = a.static_replay;
   o.teacher_forced = a.teacher_forced;
   o.free_running = a.free_running;
   // One coupled sampling stream per prompt, fixed by the config's seed.
@@ -135,12 +136,13 @@ void write_model(H5::Group& g, const AccumulationCaseData::Model& m) {
     write_doubles(a, "context_len", std::vector<double>(cl.begin(), cl.end()));
     const hsize_t B = cl.size();
     using Field = std::vector<std::vector<double> > PseudoDecodeResult::*;
-    const std::pair<const char*, Field> fields[] = {
-        {"mae_accumulated", &PseudoDecodeResult::mae_accumulated},
-        {"mae_static", &PseudoDecodeResult::mae_static},
-        {"nmse_accumulated", &PseudoDecodeResult::nmse_accumulated},
-        {"nmse_static", &PseudoDecodeResult::nmse_static}};
-    for (const auto& [name, f] : fields) {
+    const std::tuple<const char*, Field, bool> fields[] = {
+        {"mae_accumulated", &PseudoDecodeResult::mae_accumulated, false},
+        {"mae_static", &PseudoDecodeResult::mae_static, true},
+        {"nmse_accumulated", &PseudoDecodeResult::nmse_accumulated, false},
+        {"nmse_static", &PseudoDecodeResult::nmse_static, true}};
+    for (const auto& [name, f, is_static] : fields) {
+      if (is_static && !P.front().pseudo.has_static) continue;
       std::vector<std::vector<double> > per_prompt;
       for (const AccumulationResult& r : P) per_prompt.push_back(flatten(r.pseudo.*f));
       const std::vector<double> layer = mean_rows(per_prompt);  // [B, L]
@@ -225,6 +227,7 @@ std::vector<std::pair<std::string, double> > bucket_summary(const Method& method
         {"accumulation.mae_static", &PseudoDecodeResult::mae_static, true},
         {"accumulation.nmse_static", &PseudoDecodeResult::nmse_static, true}};
     for (const auto& [name, f, is_static] : fields) {
+      if (is_static && !r.pseudo.has_static) continue;
       const auto d = block_distances(method, head_dim, num_layers, cl, quantized, is_static);
       const auto& v = r.pseudo.*f;
       std::vector<double> cells, last(v.back().begin(), v.back().end());
@@ -311,7 +314,7 @@ void add_summary_rows(const CaseSpec& cs, const AccumulationModel& m, double bit
     for (const AccumulationResult& res : md.prompts) {
       if (res.has_pseudo) {
         acc.push_back(res.pseudo.mae_accumulated.back()[l]);
-        sta.push_back(res.pseudo.mae_static.back()[l]);
+        if (res.pseudo.has_static) sta.push_back(res.pseudo.mae_static.back()[l]);
       }
       if (res.has_teacher) {
         std::vector<double> d;
@@ -321,7 +324,7 @@ void add_summary_rows(const CaseSpec& cs, const AccumulationModel& m, double bit
     }
     if (f.has_pseudo) {
       row("accumulation.mae_accumulated.final", l, finite_mean(acc));
-      row("accumulation.mae_static.final", l, finite_mean(sta));
+      if (f.pseudo.has_static) row("accumulation.mae_static.final", l, finite_mean(sta));
     }
     if (f.has_teacher) row("decode.hidden_drift.mean", l, finite_mean(drift));
   }

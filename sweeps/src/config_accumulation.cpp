@@ -41,6 +41,8 @@ void read_settings(const Ctx& c, const YAML::Node& acc, std::int64_t top_seed,
     if (a.top_p <= 0 || a.top_p > 1)
       c.fail_at(acc["top_p"], "accumulation.top_p", "must be in (0, 1]");
   }
+  if (acc["static_replay"].IsDefined())
+    a.static_replay = get_bool(c, acc["static_replay"], "accumulation.static_replay");
   if (acc["device"].IsDefined()) {
     a.device = get_string(c, acc["device"], "accumulation.device");
     const bool ok = a.device == "cpu" || a.device == "cuda" || a.device.rfind("cuda:", 0) == 0;
@@ -276,6 +278,7 @@ json accumulation_json(const AccumulationSettings& a) {
               {"device", a.device}};
   // Recorded (and hashed) only when not the default, so older runs keep their hash.
   if (a.current_token != std::vector<std::string>{"exact"}) out["current_token"] = a.current_token;
+  if (!a.static_replay) out["static_replay"] = false;
   return out;
 }
 

@@ -64,6 +64,7 @@ constexpr std::array kKeys = {
     ConfigKey{"accumulation", "context", T::kInt, 1, 1 << 22, "512", "context length"},
     ConfigKey{"accumulation", "decode_steps", T::kInt, 1, 1 << 20, "64", "steps after context"},
     ConfigKey{"accumulation", "modes", T::kStringList, 0, 0, "all three", "protocols to run"},
+    ConfigKey{"accumulation", "static_replay", T::kBool, 0, 0, "true", "pseudo-decode static side"},
     ConfigKey{"accumulation", "seed", T::kInt, 0, kInt64Max, "0", "sampling seed"},
     ConfigKey{"accumulation", "temperature", T::kNumber, 0, 0, "0.6", "sampled run; 0: none"},
     ConfigKey{"accumulation", "top_p", T::kNumber, 0, 0, "0.95", "nucleus, in (0, 1]"},

@@ -119,6 +119,36 @@ TEST_F(Accumulation, SingleBlockStaticEqualsAccumulated) {
   EXPECT_EQ(r.pseudo.nmse_static, r.pseudo.nmse_accumulated);
 }
 
+// static_replay off: the accumulated side and the decode steps are the same values, the static
+// side and its summaries are absent (not zeros).
+TEST_F(Accumulation, WithoutStaticReplayTheAccumulatedSideIsUnchanged) {
+  AccumulationOptions o = options();
+  o.free_running = false;
+  const AccumulationReference ref = accumulation_reference(*model_, prompt(), o);
+  const AccumulationResult both = run_accumulation(*model_, ref, kSmallKivi, o);
+  o.static_replay = false;
+  const AccumulationResult acc = run_accumulation(*model_, ref, kSmallKivi, o);
+  ASSERT_TRUE(both.pseudo.has_static);
+  EXPECT_FALSE(acc.pseudo.has_static);
+  EXPECT_TRUE(acc.pseudo.mae_static.empty());
+  EXPECT_TRUE(acc.pseudo.nmse_static.empty());
+  EXPECT_EQ(acc.pseudo.context_len, both.pseudo.context_len);
+  EXPECT_EQ(acc.pseudo.mae_accumulated, both.pseudo.mae_accumulated);
+  EXPECT_EQ(acc.pseudo.nmse_accumulated, both.pseudo.nmse_accumulated);
+  EXPECT_EQ(acc.teacher.kl, both.teacher.kl);
+  const auto s_both = accumulation_summary(both), s_acc = accumulation_summary(acc);
+  auto has = [](const std::vector<std::pair<std::string, double>>& s, const std::string& k) {
+    return std::any_of(s.begin(), s.end(), [&](const auto& e) { return e.first == k; });
+  };
+  for (const char* k : {"accumulation.mae_static.final", "accumulation.nmse_static.final",
+                        "accumulation.mae_static.first", "accumulation.mae_ratio.final"}) {
+    EXPECT_TRUE(has(s_both, k)) << k;
+    EXPECT_FALSE(has(s_acc, k)) << k;
+  }
+  EXPECT_TRUE(has(s_acc, "accumulation.mae_accumulated.final"));
+  EXPECT_FALSE(to_json(acc)["pseudo_decode"].contains("mae_static"));
+}
+
 TEST_F(Accumulation, QuantizedMethodAccumulatesAndStaysConsistent) {
   const AccumulationOptions o = options();
   const AccumulationReference ref = accumulation_reference(*model_, prompt(), o);

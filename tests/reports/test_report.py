@@ -300,6 +300,24 @@ def test_full(check, tmp):
     check(not diff, f"outputs are not reproducible: {diff}")
 
 
+def test_without_static_replay(check, tmp):
+    """A run made with accumulation.static_replay false has no mae_static arrays: the context
+    figure draws the accumulated side and says the static replay was left out."""
+    run_dir = os.path.join(tmp, "no_static")
+    make_run(run_dir, with_throughput=False)
+    for name in os.listdir(os.path.join(run_dir, "arrays")):
+        with h5py.File(os.path.join(run_dir, "arrays", name), "a") as f:
+            del f["accumulation/mae_static"]
+    rep = report_of(check, run_dir, "run without the static replay")
+    if check.failed:
+        return
+    p = os.path.join(rep, "figures", "context_error.png")
+    check(os.path.isfile(p) and os.path.getsize(p) > 5000, "context_error.png missing or tiny")
+    md = open(os.path.join(rep, "report.md"), encoding="utf-8").read()
+    check("left out the static replay" in md, "caption does not say the static side is absent")
+    check("Solid lines quantize the whole context" not in md, "caption still describes static lines")
+
+
 def test_minimal(check, tmp):
     run_dir = os.path.join(tmp, "minimal")
     make_run(run_dir, with_arrays=False, with_throughput=False)

@@ -114,6 +114,41 @@ TEST_F(AccumulationSweep, RunsAndWritesArraysAndRows) {
 
 // Token-id prompts (for builds without a tokenizer, e.g. the GPU image) give exactly the text
 // prompt's results when the ids are its tokenization; bad ids fail naming the prompt.
+// static_replay: false is hashed (resolved) and leaves the static arrays and rows out; the
+// accumulated rows are the values of a run with the static side.
+TEST_F(AccumulationSweep, WithoutStaticReplayNoStaticRowsOrArrays) {
+  const SweepConfig with = load_config(small_config("  - kivi:bits=2,group=8,residual=8\n",
+                                                    block("  modes: [pseudo_decode]\n"), "with"));
+  EXPECT_FALSE(with.resolved["accumulation"].contains("static_replay"));  // older hashes kept
+  const SweepConfig without = load_config(small_config(
+      "  - kivi:bits=2,group=8,residual=8\n",
+      block("  modes: [pseudo_decode]\n  static_replay: false\n"), "without"));
+  EXPECT_EQ(without.resolved["accumulation"]["static_replay"], false);
+  auto rows = [](const SweepResult& r) {
+    std::map<std::string, double> out;
+    std::istringstream lines(slurp_file(r.run_dir / "summary.jsonl"));
+    for (std::string line; std::getline(lines, line);) {
+      const json row = json::parse(line);
+      if (row["scope"] == "accumulation" && row["layer"] == "all" && row["value"].is_number())
+        out[row["metric"]] = row["value"].get<double>();
+    }
+    return out;
+  };
+  const SweepResult rw = run_quietly(with), ro = run_quietly(without);
+  const auto a = rows(rw), b = rows(ro);
+  ASSERT_TRUE(a.count("accumulation.mae_static.final"));
+  EXPECT_FALSE(b.count("accumulation.mae_static.final"));
+  EXPECT_FALSE(b.count("accumulation.mae_ratio.final"));
+  ASSERT_TRUE(b.count("accumulation.mae_accumulated.final"));
+  EXPECT_EQ(b.at("accumulation.mae_accumulated.final"), a.at("accumulation.mae_accumulated.final"));
+  EXPECT_GT(b.at("accumulation.mae_accumulated.final"), 0.0);
+  for (const auto& e : fs::directory_iterator(ro.run_dir / "arrays")) {
+    H5::H5File f(e.path().string(), H5F_ACC_RDONLY);
+    EXPECT_TRUE(f.nameExists("accumulation/mae_accumulated"));
+    EXPECT_FALSE(f.nameExists("accumulation/mae_static"));
+  }
+}
+
 TEST_F(AccumulationSweep, TokenIdPromptsMatchTheirText) {
   ASSERT_TRUE(fs::exists(fixture_model() / "model.safetensors"))
       << "committed, missing: " << fixture_model();

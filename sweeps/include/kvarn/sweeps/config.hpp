@@ -115,6 +115,7 @@ struct AccumulationSettings {
   std::vector<std::vector<std::int32_t>> prompt_token_ids;  // same order; empty: a text prompt
   int block = 32, context = 512, decode_steps = 64;
   bool pseudo_decode = true, teacher_forced = true, free_running = true;
+  bool static_replay = true;  // pseudo-decode's static side (AccumulationOptions::static_replay)
   double temperature = 0.6, top_p = 0.95;  // sampled free-running run (temperature 0: none)
   std::int64_t seed = 0;
   std::string device = "cpu";

@@ -47,6 +47,9 @@ struct AccumulationOptions {
   int context = 512;      // tokens before decoding: the prompt, continued greedily by fp16
   int decode_steps = 64;  // teacher-forced and free-running steps after the context
   bool pseudo_decode = true, teacher_forced = true, free_running = true;
+  // Pseudo-decode also replays every block against the final quantized cache (the static side
+  // of "static vs accumulated"); off: accumulated only, half the pseudo-decode's forward work.
+  bool static_replay = true;
   std::uint64_t seed = 0;    // sampled free-running run
   double temperature = 0.6;  // sampled run; <= 0: greedy only
   double top_p = 0.95;
@@ -82,6 +85,7 @@ struct PseudoDecodeResult {
   // [blocks][layers]; MAE = mean |a_q - a_ref|, NMSE = sum (a_q - a_ref)^2 / sum a_ref^2 over the
   // block's tokens and the hidden dimension of the layer's attention output.
   std::vector<std::vector<double>> mae_accumulated, nmse_accumulated, mae_static, nmse_static;
+  bool has_static = false;  // mae_static / nmse_static filled (AccumulationOptions::static_replay)
 };
 
 struct TeacherForcedResult {
