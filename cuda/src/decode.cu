@@ -151,7 +151,7 @@ int decode_num_splits(const DecodeProblem& p) {
   if (p.num_splits > 0) return p.num_splits;
   const bool tq = p.format == DecodeFormat::kTurboQuant;
   const int warps = decode_num_warps(p);
-  const int smem = tq ? detail::tq_smem_bytes(tq_slot(p))
+  const int smem = tq ? detail::tq_smem_bytes(tq_slot(p), p.tq.key_bits)
                       : detail::decode_smem_bytes(kernel_format(p.format), p.head_dim, warps,
                                                   record_bytes_of(p));
   // TurboQuant: __launch_bounds__(32, 16) caps the registers at 16 CTAs per SM
