@@ -151,7 +151,7 @@ int decode_num_splits(const DecodeProblem& p) {
   if (p.num_splits > 0) return p.num_splits;
   const bool tq = p.format == DecodeFormat::kTurboQuant;
   const int warps = decode_num_warps(p);
-  const int smem = tq ? detail::tq_smem_bytes(tq_slot(p))
+  const int smem = tq ? detail::tq_smem_bytes(tq_slot(p), p.tq.key_bits)
                       : detail::decode_smem_bytes(kernel_format(p.format), p.head_dim, warps,
                                                   record_bytes_of(p));
   // TurboQuant: __launch_bounds__(32, 16) caps the registers at 16 CTAs per SM
@@ -173,13 +173,22 @@ int decode_num_splits(const DecodeProblem& p) {
   // FP16 and KVarN beyond 16 splits (few sequences and heads: batch 1): the combine's serial loop
   // over the splits costs more than the extra parallelism gives, so at least 1024 (FP16) / 512
   // (KVarN) tokens per split there (H200, batch 1: 8-17 % faster at 16K-32K, unchanged elsewhere).
-  // FP8 and TurboQuant lost at short context with such a floor and keep one wave of CTAs.
+  // FP8 lost at short context with such a floor and keeps one wave of CTAs.
   constexpr long long kManySplits = 16;
   if (s > kManySplits &&
       (p.format == DecodeFormat::kFp16 || p.format == DecodeFormat::kKvarn)) {
     const long long min_tokens = p.format == DecodeFormat::kKvarn ? 512 : 1024;
     const long long tokens = static_cast<long long>(p.max_blocks) * p.block_size;
     s = std::max(kManySplits, std::min(s, tokens / min_tokens));
+  }
+  // TurboQuant past 64 splits (batch 1): at least 256 tokens per split, as the combine's loop
+  // over the splits outweighs the parallelism there (H200, batch 1: 4K 1.24-1.27x, 16K
+  // 1.23-1.42x, 32K 1.14-1.26x faster, unchanged elsewhere); up to 64 splits short contexts keep
+  // one wave (2K: 64 splits of 32 tokens beat 16 splits by 1.14x).
+  constexpr long long kTqManySplits = 64, kTqMinTokens = 256;
+  if (tq && s > kTqManySplits) {
+    const long long tokens = static_cast<long long>(p.max_blocks) * p.block_size;
+    s = std::min(s, std::max(kTqManySplits, tokens / kTqMinTokens));
   }
   // KVarN at batch 1 and 2K-4K tokens: one record per split is faster than two (H200, k4v2 B1:
   // 2K 16.1 -> 13.9 us, 4K 21.9 -> 17.2 us)

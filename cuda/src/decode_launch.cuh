@@ -108,8 +108,9 @@ inline int tq_slot_bytes(int head_dim, int kb, int vb) {
   return (key + head_dim * vb / 8 + 4 + 1) / 2 * 2;
 }
 inline int tq_stage_bytes(int slot) { return round128(16LL * slot); }
-inline int tq_smem_bytes(int slot) {
-  return 128 + TqTraits<128, 4, 4>::kStages * tq_stage_bytes(slot);
+inline int tq_smem_bytes(int slot, int key_bits) {  // + the 3-bit keys' centroid table
+  return 128 + TqTraits<128, 4, 4>::kStages * tq_stage_bytes(slot) +
+         (key_bits == 3 ? TqTraits<128, 3, 3>::kTabBytes : 0);
 }
 void fill_tq_tables(int head_dim, int key_bits, TqDecodeArgs& a);
 bool launch_turboquant(int kb, int vb, const TqDecodeArgs& a, int head_dim, const LaunchShape& s,

@@ -20,7 +20,8 @@ void fill_tq_tables(int head_dim, int key_bits, TqDecodeArgs& a) {
 namespace {
 template <int D, int KB, int VB, bool NC>
 void launch_tq_nc(const TqDecodeArgs& a, const LaunchShape& s, cudaStream_t stream) {
-  const int smem = 128 + TqTraits<D, KB, VB>::kStages * a.stage_bytes;
+  using T = TqTraits<D, KB, VB>;
+  const int smem = 128 + T::kStages * a.stage_bytes + T::kTabBytes;
   auto kernel = paged_decode_tq_kernel<D, KB, VB, NC>;
   static DeviceSmemLimit smem_set;  // per instantiation and device
   smem_set.raise(kernel, smem);

@@ -17,10 +17,17 @@
 // lane = 4 g + c. The output rescale of an item is skipped when no running max grew (alpha = 1).
 //   QK^T: A = centroids [tokens g, g + 8 (M) x channels (k)], B = q'^T, C = S^T. Lane c owns
 //     the channels [c D/4, (c + 1) D/4): k-step s, A/B element e <-> channel c D/4 + 4 s + e
-//     (so a lane reads one 16-bit word of 4-bit indices per k-step and token). Indices become
-//     fp16 centroids in registers: the 16 (8) fp16 centroids are split into a low-byte and a
-//     high-byte plane held in 4 (2) registers, prmt looks up four codes at once (bit 3 of a
-//     4-bit code selects the plane half through a prmt sign-replicate mask).
+//     (so a lane reads one 16-bit word of 4-bit indices per k-step and token). 4-bit indices
+//     become fp16 centroids in registers: the 16 fp16 centroids are split into a low-byte and a
+//     high-byte plane held in 4 registers, prmt looks up four codes at once (bit 3 of a code
+//     selects the plane half through a prmt sign-replicate mask). 3-bit indices: a shared-memory
+//     table maps the 6 bits of two adjacent channels to their half2 of centroids (64 entries,
+//     32 copies interleaved word by word, 8 KB; lane l reads copy l, one bank per lane), so two
+//     adjacent A elements are one funnel shift, one mask, one add and one 32-bit load, against
+//     ~10 shift / lop3 / prmt for the planes (H200, batch 8-32 x 16K-32K: 1.10-1.12x faster
+//     despite 12 instead of 18 resident CTAs per SM). The same table for 4-bit indices (256
+//     entries; 8 or 16 copies, so lanes share banks) lost at batch 8-32 (0.94-1.01x with 8
+//     copies, 0.76-0.98x with 16: fewer CTAs per SM and bank conflicts).
 //     Norm correction: sum_d c^2 per token by one extra mma per k-step on hmul2(A, A) against
 //     a ones B fragment (rows = tokens, all columns equal); a template parameter (NC), so the
 //     kernel without it carries no branch.
@@ -63,6 +70,11 @@ struct TqTraits {
   static constexpr int kSlot = (kKeyBytes + kVCodeBytes + 4 + 1) / 2 * 2;
   static constexpr int kItemBytes = 16 * kSlot;
   static constexpr int kStages = 6;
+  // 3-bit keys: centroids from a shared-memory pair table (see the header comment); 32 copies,
+  // lane l reading copy l, so every lane has its own bank.
+  static constexpr int kTabEntries = KB == 3 ? 1 << (2 * KB) : 0;
+  static constexpr int kTabRep = 32;
+  static constexpr int kTabBytes = kTabEntries * kTabRep * 4;
   static_assert(D % 64 == 0 && (KB == 3 || KB == 4 || KB == 8) && (VB == 3 || VB == 4), "tq");
 };
 
@@ -116,6 +128,39 @@ __device__ __forceinline__ void centroids4(std::uint32_t x, const std::uint32_t 
   a0 = __byte_perm(lo, hi, 0x5140);
   a2 = __byte_perm(lo, hi, 0x7362);
 }
+// fp16 bits of centroid i (run-time i < 16) from the byte planes.
+__device__ __forceinline__ std::uint32_t centroid_bits(int i, const std::uint32_t (&lo_t)[4],
+                                                       const std::uint32_t (&hi_t)[4]) {
+  const std::uint32_t sel = static_cast<std::uint32_t>(i & 7);
+  const int h = i < 8 ? 0 : 2;
+  const std::uint32_t lo = __byte_perm(lo_t[h], lo_t[h + 1], sel);
+  const std::uint32_t hi = __byte_perm(hi_t[h], hi_t[h + 1], sel);
+  return (lo & 0xffu) | ((hi & 0xffu) << 8);
+}
+// Fills the replicated pair table (TqTraits::kTab*): 16-byte stores of four copies of an entry.
+template <int KB, int kRep>
+__device__ __forceinline__ void fill_pair_table(std::uint32_t* tab, const std::uint32_t (&lo_t)[4],
+                                                const std::uint32_t (&hi_t)[4], int lane) {
+  constexpr int kEntries = 1 << (2 * KB), kVecs = kEntries * kRep / 4;
+  for (int v = lane; v < kVecs; v += 32) {
+    const int e = v * 4 / kRep;
+    const std::uint32_t w =
+        centroid_bits(e & ((1 << KB) - 1), lo_t, hi_t) | (centroid_bits(e >> KB, lo_t, hi_t) << 16);
+    *reinterpret_cast<uint4*>(tab + 4 * v) = make_uint4(w, w, w, w);
+  }
+}
+__device__ __forceinline__ std::uint32_t lds_u32(const unsigned char* p) {
+  return *reinterpret_cast<const std::uint32_t*>(p);
+}
+// Byte offset in the pair table of the 2 KB index bits at bit p of the lane's string w: the
+// field shifted straight to the entry stride (4 kRep bytes) by one funnel shift and masked.
+template <int KB, int kRep, int N>
+__device__ __forceinline__ std::uint32_t entry_offset(const std::uint32_t (&w)[N], int p) {
+  constexpr int kS = kRep == 32 ? 7 : kRep == 16 ? 6 : kRep == 8 ? 5 : -1;  // log2(4 kRep)
+  static_assert(kS > 0, "table stride: 8, 16 or 32 copies");
+  constexpr std::uint32_t kMask = ((1u << (2 * KB)) - 1u) << kS;
+  return (p >= kS ? bits_at(w, p - kS) : w[0] << (kS - p)) & kMask;
+}
 __device__ __forceinline__ std::uint32_t hmul2_u32(std::uint32_t a) {
   const __half2 h = *reinterpret_cast<const __half2*>(&a);
   const __half2 r = __hmul2(h, h);
@@ -130,6 +175,7 @@ __global__ void __launch_bounds__(32, 16) paged_decode_tq_kernel(TqDecodeArgs a)
   static_assert(!NC || KB != 8, "norm correction needs Lloyd-Max keys");
   using T = TqTraits<D, KB, VB>;
   constexpr int KS = T::kKSteps;
+  constexpr bool TAB = T::kTabBytes > 0;  // key centroids from the shared-memory pair table
   constexpr std::uint32_t kOnes = 0x3C003C00u;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   int* desc = reinterpret_cast<int*>(smem_raw);  // [kStages] valid tokens of the item
@@ -185,6 +231,10 @@ __global__ void __launch_bounds__(32, 16) paged_decode_tq_kernel(TqDecodeArgs a)
     lo_t[i] = a.tab_lo[i];
     hi_t[i] = a.tab_hi[i];
   }
+  // TAB: the pair table behind the stages; lane reads copy lane % kTabRep
+  std::uint32_t* tab_all = reinterpret_cast<std::uint32_t*>(stages + T::kStages * a.stage_bytes);
+  const unsigned char* tab =
+      reinterpret_cast<const unsigned char*>(tab_all) + 4 * (lane % T::kTabRep);
 
   float o[KS][4];
 #pragma unroll
@@ -255,14 +305,23 @@ __global__ void __launch_bounds__(32, 16) paged_decode_tq_kernel(TqDecodeArgs a)
       const std::uint32_t ones_b[2] = {kOnes, kOnes};
 #pragma unroll
       for (int s = 0; s < KS; ++s) {
-        std::uint32_t x0 = detail::bits_at(w0, 4 * KB * s), x1 = detail::bits_at(w1, 4 * KB * s);
-        if constexpr (KB == 3) {
-          x0 = detail::spread3(x0);
-          x1 = detail::spread3(x1);
-        }
         std::uint32_t af[4];
-        detail::centroids4<KB>(x0, lo_t, hi_t, af[0], af[2]);
-        detail::centroids4<KB>(x1, lo_t, hi_t, af[1], af[3]);
+        if constexpr (TAB) {  // byte offsets of the two pair entries straight from the bit string
+          constexpr int kR = T::kTabRep;
+          const int p0 = 4 * KB * s, p1 = p0 + 2 * KB;  // channels +0, +1 and +2, +3
+          af[0] = detail::lds_u32(tab + detail::entry_offset<KB, kR>(w0, p0));
+          af[2] = detail::lds_u32(tab + detail::entry_offset<KB, kR>(w0, p1));
+          af[1] = detail::lds_u32(tab + detail::entry_offset<KB, kR>(w1, p0));
+          af[3] = detail::lds_u32(tab + detail::entry_offset<KB, kR>(w1, p1));
+        } else {
+          std::uint32_t x0 = detail::bits_at(w0, 4 * KB * s), x1 = detail::bits_at(w1, 4 * KB * s);
+          if constexpr (KB == 3) {
+            x0 = detail::spread3(x0);
+            x1 = detail::spread3(x1);
+          }
+          detail::centroids4<KB>(x0, lo_t, hi_t, af[0], af[2]);
+          detail::centroids4<KB>(x1, lo_t, hi_t, af[1], af[3]);
+        }
         mma_16816(sc, af, qb[s]);
         if constexpr (NC) {
           const std::uint32_t sq[4] = {detail::hmul2_u32(af[0]), detail::hmul2_u32(af[1]),
@@ -352,6 +411,10 @@ __global__ void __launch_bounds__(32, 16) paged_decode_tq_kernel(TqDecodeArgs a)
   for (int i = 0; i < T::kStages - 1; ++i) {
     if (more()) issue(issued++ % T::kStages);
     cp_async_commit();
+  }
+  if constexpr (TAB) {  // while the first items are in flight
+    detail::fill_pair_table<KB, T::kTabRep>(tab_all, lo_t, hi_t, lane);
+    __syncwarp();
   }
   for (int it = 0; it < issued; ++it) {
     cp_async_wait<T::kStages - 2>();

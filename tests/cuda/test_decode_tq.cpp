@@ -187,5 +187,38 @@ std::vector<TqCase> tq_cases() {
 INSTANTIATE_TEST_SUITE_P(Cuda, TqDecode, ::testing::ValuesIn(tq_cases()),
                          [](const auto& info) { return tq_name(info.param); });
 
+// Automatic split count of TurboQuant: one wave of resident CTAs (16 per SM for 4-bit keys at
+// D 128, 12 for 3-bit keys: their centroid table), at most max_blocks / 2, and past 64 splits
+// (batch 1) at least 256 tokens per split. Needs no device (132 SMs without one).
+TEST(TqDecodeSplits, OneWaveCappedByTokensPastSixtyFour) {
+  int sms = 132;
+  if (cuda::device_count() > 0)
+    KVARN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  auto splits = [](int kb, int batch, int max_blocks) {
+    cuda::DecodeProblem p =
+        decode_problem(cuda::DecodeFormat::kTurboQuant, batch, 32, 8, 128, 16, max_blocks);
+    p.tq = cuda::TqDecodeConfig{kb, kb, true};
+    return cuda::decode_num_splits(p);
+  };
+  auto expected = [sms](int per_sm, int batch, int max_blocks) {
+    int s = std::max(1, per_sm * sms / (batch * 8));
+    if (s > 64) s = std::min(s, std::max(64, max_blocks * 16 / 256));
+    return std::min(s, std::max(1, max_blocks / 2));
+  };
+  for (int blocks : {64, 128, 256, 1024, 2048, 4096, 8192}) {  // 1K .. 128K tokens
+    EXPECT_EQ(splits(4, 1, blocks), expected(16, 1, blocks)) << blocks;
+    EXPECT_EQ(splits(3, 1, blocks), expected(12, 1, blocks)) << blocks;
+    EXPECT_EQ(splits(4, 8, blocks), expected(16, 8, blocks)) << blocks;
+  }
+  if (sms == 132) {                      // H200: the counts measured in docs/PERFORMANCE.md
+    EXPECT_EQ(splits(4, 1, 128), 64);    // 2K: one wave, two blocks per split
+    EXPECT_EQ(splits(4, 1, 1024), 64);   // 16K: 264 without the token floor
+    EXPECT_EQ(splits(4, 1, 2048), 128);  // 32K
+    EXPECT_EQ(splits(4, 1, 8192), 264);  // 128K: one wave
+    EXPECT_EQ(splits(3, 1, 8192), 198);  // 3-bit: 12 CTAs per SM
+    EXPECT_EQ(splits(4, 8, 2048), 33);   // batch 8: unchanged
+  }
+}
+
 }  // namespace
 }  // namespace kvarn
