@@ -10,6 +10,7 @@
 #include "kvarn/core/pack.hpp"
 #include "kvarn/core/portable_math.hpp"
 #include "kvarn/data/error.hpp"
+#include "kvarn/data/uninit_vector.hpp"
 #include "simd.hpp"
 
 namespace kvarn {
@@ -187,25 +188,31 @@ void kvarn_encode_stream(StreamKind kind, const KvarnConfig& cfg, const Rotation
 namespace {
 
 // K: codes are packed per channel along the tile's tokens. Each channel row is decoded
-// contiguously into a channel-major block, then transposed to token-major rows.
-KVARN_SIMD_CLONES void decode_key(const KvarnRecordLayout& lay, const std::uint8_t* record,
-                                  float* out) {
+// contiguously into the channel-major block out [D, G].
+KVARN_SIMD_CLONES void decode_key_channel_major(const KvarnRecordLayout& lay,
+                                                const std::uint8_t* record, float* out) {
   const int d = lay.head_dim, g = lay.group, bits = lay.key_bits;
   const std::size_t sb = lay.scale_bytes, row_bytes = packed_bytes(g, bits);
-  thread_local std::vector<float> s_row, channel_major;
+  thread_local std::vector<float> s_row;
   thread_local std::vector<std::uint8_t> q;
   s_row.resize(g);
-  channel_major.resize(static_cast<std::size_t>(d) * g);
   q.resize(g);
   for (int t = 0; t < g; ++t) s_row[t] = load_scale(record + lay.s_row_k + t * sb, sb);
   for (int c = 0; c < d; ++c) {
     const float s = load_scale(record + lay.s_col_k + c * sb, sb);
     const float z = load_half(record + lay.zp_k + c * 2);
     unpack_codes(record + lay.k_codes + c * row_bytes, g, bits, q.data());
-    float* o = channel_major.data() + static_cast<std::size_t>(c) * g;
+    float* o = out + static_cast<std::size_t>(c) * g;
     for (int t = 0; t < g; ++t) o[t] = (static_cast<float>(q[t]) * s + z) * s_row[t];
   }
-  transpose(channel_major.data(), d, g, out);
+}
+
+// K decoded channel-major, then transposed to token-major rows.
+void decode_key(const KvarnRecordLayout& lay, const std::uint8_t* record, float* out) {
+  thread_local std::vector<float> channel_major;
+  channel_major.resize(static_cast<std::size_t>(lay.head_dim) * lay.group);
+  decode_key_channel_major(lay, record, channel_major.data());
+  transpose(channel_major.data(), lay.head_dim, lay.group, out);
 }
 
 // V: codes are packed per token along the channels: rows decode in place.
@@ -276,7 +283,9 @@ class KvarnCodec : public StreamCodec {
 
   void encode(const float* rows, int n, Chunk* chunk, float* recon) override {
     KVARN_CHECK(n == cfg_.group, "kvarn codec: chunk of ", n, " tokens, expected ", cfg_.group);
-    record_.assign(layout_.aligned, 0);
+    // The stream's fields are written whole; only the alignment padding needs its zeros.
+    record_.resize(layout_.aligned);
+    std::fill(record_.begin() + static_cast<std::ptrdiff_t>(layout_.end), record_.end(), 0);
     kvarn_encode_stream(kind_, cfg_, rot_, rows, record_.data());
     const std::size_t d = head_dim_, g = cfg_.group, sb = layout_.scale_bytes;
     const char* sdt = sb == 1 ? "u8" : "f16";  // fp8 scales are stored as raw e4m3 bytes
@@ -302,24 +311,36 @@ class KvarnCodec : public StreamCodec {
         add("record_pad", "u8", {layout_.aligned - layout_.end}, layout_.end,
             layout_.aligned - layout_.end);
     }
-    kvarn_decode_stream(kind_, layout_, record_.data(), recon);
-    rot_.inverse(recon, n);
+    reconstruct(recon);
   }
 
   // Sink and tail are stored rotated in fp16.
   void keep(const float* rows, int n, float* recon) override {
-    const std::size_t total = static_cast<std::size_t>(n) * head_dim_;
-    std::copy(rows, rows + total, recon);
-    rot_.forward_fp16(recon, n);
-    rot_.inverse(recon, n);
+    rot_.fp16_round_trip(rows, n, recon);
   }
 
  private:
+  // The record's stream decoded and rotated back into token-major rows [G, D]. K decodes
+  // channel-major, where the inverse rotation runs without transposing back and forth.
+  void reconstruct(float* recon) const {
+    const int d = head_dim_, g = cfg_.group;
+    if (kind_ == StreamKind::kValue) {
+      kvarn_decode_stream(kind_, layout_, record_.data(), recon);
+      rot_.inverse(recon, g);
+      return;
+    }
+    thread_local std::vector<float> channel_major;
+    channel_major.resize(static_cast<std::size_t>(d) * g);
+    decode_key_channel_major(layout_, record_.data(), channel_major.data());
+    rot_.inverse_columns(channel_major.data(), g);
+    transpose(channel_major.data(), d, g, recon);
+  }
+
   StreamKind kind_;
   KvarnConfig cfg_;
   Rotation rot_;
   KvarnRecordLayout layout_;
-  std::vector<std::uint8_t> record_;
+  UninitVector<std::uint8_t> record_;
 };
 
 std::string scales_name(ScaleStorage s) { return s == ScaleStorage::kFp8E4M3 ? "fp8" : "fp16"; }

@@ -161,10 +161,12 @@ void KvCache::Stream::append(const float* rows, int n, int first_token, int d) {
   }
 }
 
-void KvCache::append(const float* k, const float* v, int n) {
+void KvCache::append(const float* k, const float* v, int n, FiniteRows finite) {
   KVARN_CHECK(n >= 0, "KvCache::append: negative row count ", n);
-  check_finite(k, n, head_dim_, "keys appended at token " + std::to_string(size_));
-  check_finite(v, n, head_dim_, "values appended at token " + std::to_string(size_));
+  if (finite == FiniteRows::kCheck) {
+    check_finite(k, n, head_dim_, "keys appended at token " + std::to_string(size_));
+    check_finite(v, n, head_dim_, "values appended at token " + std::to_string(size_));
+  }
   k_.append(k, n, size_, head_dim_);
   v_.append(v, n, size_, head_dim_);
   size_ += n;
@@ -196,11 +198,12 @@ std::size_t KvCache::stored_bytes() const {
 }
 
 std::unique_ptr<KvCache> sequence_cache(const Method& method, const Matrix& k, const Matrix& v,
-                                        const LayerContext& layer, const std::string& what) {
+                                        const LayerContext& layer, const std::string& what,
+                                        FiniteRows finite) {
   KVARN_CHECK(k.rows() == v.rows() && k.cols() == v.cols(), what, ": K is ", k.rows(), "x",
               k.cols(), " but V is ", v.rows(), "x", v.cols());
   auto cache = method.make_cache(static_cast<int>(k.cols()), layer);
-  cache->append(k.data(), v.data(), static_cast<int>(k.rows()));
+  cache->append(k.data(), v.data(), static_cast<int>(k.rows()), finite);
   return cache;
 }
 

@@ -370,6 +370,33 @@ void Rotation::forward_columns_fp16(float* xt, int n) const {
   round_columns_to_fp16(xt, dim_, n, 0);
 }
 
+void Rotation::inverse_columns(float* xt, int n) const {
+  if (kind_ == RotationKind::kNone) return;
+  if ((kind_ == RotationKind::kHadamard || kind_ == RotationKind::kHadamardFp16) && k_ == 1) {
+    fwht_columns(xt, dim_, n, scale_);  // apply()'s inverse, on the same columns
+    return;
+  }
+  std::vector<float> rows(static_cast<size_t>(dim_) * n);
+  transpose(xt, dim_, n, rows.data());
+  inverse(rows.data(), n);
+  transpose(rows.data(), n, dim_, xt);
+}
+
+void Rotation::fp16_round_trip(const float* in, int rows, float* out) const {
+  thread_local std::vector<float> cols;
+  constexpr int kBlock = 64;  // as on_columns
+  for (int r0 = 0; r0 < rows; r0 += kBlock) {
+    const int nb = std::min(kBlock, rows - r0);
+    const std::size_t offset = static_cast<std::size_t>(r0) * dim_;
+    cols.resize(static_cast<std::size_t>(dim_) * nb);
+    transpose(in + offset, nb, dim_, cols.data());
+    columns(cols.data(), nb, r0);
+    round_columns_to_fp16(cols.data(), dim_, nb, r0);
+    inverse_columns(cols.data(), nb);
+    transpose(cols.data(), dim_, nb, out + offset);
+  }
+}
+
 void Rotation::forward_fp16(float* x, int rows, int first_row) const {
   on_columns(x, rows, dim_, [&](float* xt, int nb, int r0) {
     columns(xt, nb, first_row + r0);

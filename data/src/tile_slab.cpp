@@ -262,7 +262,7 @@ void unshuffle2(const std::uint8_t* in, std::size_t n, std::uint8_t* out) {
 // [c, D] halfs as bytes, in `buf` or in the slab itself. With `planes`, a shuffle undone last is
 // left for the conversion, which reads the byte planes directly.
 HalfBytes unfilter_chunk(const StoredSlab& s, std::size_t i, Inflater* z,
-                         std::vector<std::uint8_t> (&buf)[2], bool planes) {
+                         UninitVector<std::uint8_t> (&buf)[2], bool planes) {
   const std::size_t n = static_cast<std::size_t>(s.chunk_tokens) * s.head_dim, size = 2 * n;
   const std::size_t begin = i == 0 ? 0 : s.chunk_end[i - 1];
   const std::uint8_t* in = s.bytes.data() + begin;
@@ -308,9 +308,10 @@ TileMatrix decode_slab(const StoredSlab& s) {
   KVARN_CHECK(std::is_sorted(s.chunk_end.begin(), s.chunk_end.end()) &&
                   s.chunk_end.back() == s.bytes.size(),
               s.where, ": inconsistent chunk offsets");
-  std::vector<std::uint8_t> buf[2];
+  // Kept per thread: quantize decodes hundreds of slabs on each.
+  thread_local UninitVector<std::uint8_t> buf[2];
   for (auto& b : buf) b.resize(2 * c * D);
-  Inflater z;
+  thread_local Inflater z;
   for (std::size_t i = 0; i < num_chunks; ++i) {
     const HalfBytes halfs = unfilter_chunk(s, i, &z, buf, cpu_has_f16c());
     const std::size_t first = i * c * D, n = std::min(c, T - i * c) * D;

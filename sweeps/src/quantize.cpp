@@ -244,8 +244,9 @@ void quantize_slab(const Method& method, bool reconstruction, SlabJob* job) {
   job->v_in = StoredSlab();
   job->decode_s = seconds_since(t0);
   t0 = Clock::now();
+  // decode_slab rejected every non-finite value already.
   const std::unique_ptr<KvCache> cache =
-      sequence_cache(method, job->k, job->v, job->ctx, job->where);
+      sequence_cache(method, job->k, job->v, job->ctx, job->where, FiniteRows::kKnown);
   job->quantize_s = seconds_since(t0);
   t0 = Clock::now();
   collect_slab(method, cache.get(), job);

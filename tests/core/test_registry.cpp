@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <limits>
+#include <utility>
+
 #include "test_util.hpp"
 
 namespace kvarn {
@@ -75,6 +79,33 @@ TEST(Registry, EveryMethodStoresExactlyItsAccountedBytes) {
         ASSERT_EQ(r.stored_bytes, m->sequence_bytes(t, d, layer)) << p.name << " T=" << t << " D=" << d;
         ASSERT_TRUE(r.k_hat.allFinite() && r.v_hat.allFinite()) << p.name;
       }
+    }
+  }
+}
+
+// Rows the caller has checked (FiniteRows::kKnown) build the same cache, bit for bit; unchecked
+// rows with a NaN are an error naming the token and channel.
+TEST(Registry, KnownFiniteRowsGiveTheSameCacheAndCheckedRowsRejectNan) {
+  for (const auto& p : Registry::instance().presets()) {
+    auto m = make_method(p.name);
+    const Matrix k = testing::random_kv(300, 128, 7), v = testing::random_kv(300, 128, 8, false);
+    const LayerContext layer{5, 12};
+    const auto checked = sequence_cache(*m, k, v, layer, "test");
+    const auto known = sequence_cache(*m, k, v, layer, "test", FiniteRows::kKnown);
+    ASSERT_EQ(checked->stored_bytes(), known->stored_bytes()) << p.name;
+    for (const auto& [a, b] :
+         {std::pair{checked->keys(), known->keys()}, std::pair{checked->values(), known->values()}})
+      ASSERT_EQ(0, std::memcmp(a.data(), b.data(), sizeof(float) * a.size())) << p.name;
+    Matrix bad = v;
+    bad(130, 9) = std::numeric_limits<float>::quiet_NaN();
+    try {
+      sequence_cache(*m, k, bad, layer, "test");
+      FAIL() << p.name << ": NaN accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("values appended at token 0: non-finite value nan at "
+                                           "row 130, column 9"),
+                std::string::npos)
+          << e.what();
     }
   }
 }

@@ -276,6 +276,38 @@ TEST(Rotation, BlockedRowPathsMatchTheScalarFwht) {
   }
 }
 
+// inverse_columns on a channel-major block and fp16_round_trip (the kept rows' reconstruction)
+// give inverse()'s and forward_fp16() + inverse()'s bits, for every kind, Kronecker dims included.
+TEST(Rotation, ColumnInverseAndFp16RoundTripMatchTheRowPaths) {
+  const std::vector<std::pair<RotationKind, int>> cases = {
+      {RotationKind::kHadamard, 128},    {RotationKind::kHadamardFp16, 128},
+      {RotationKind::kHadamardFp16, 96}, {RotationKind::kHadamard, 80},
+      {RotationKind::kHaar, 64},         {RotationKind::kNone, 64}};
+  for (const auto& [kind, d] : cases) {
+    for (int rows : {1, 63, 64, 129}) {
+      const Matrix x = testing::random_kv(rows, d, 17 * d + rows);
+      const Rotation rot(kind, d, 5);
+      Matrix want = x;
+      rot.inverse(want.data(), rows);
+      std::vector<float> cols(static_cast<std::size_t>(rows) * d), got(cols.size());
+      transpose(x.data(), rows, d, cols.data());
+      rot.inverse_columns(cols.data(), rows);
+      transpose(cols.data(), d, rows, got.data());
+      Matrix kept = x;
+      rot.forward_fp16(kept.data(), rows);
+      rot.inverse(kept.data(), rows);
+      std::vector<float> trip(got.size(), -1.0f);
+      rot.fp16_round_trip(x.data(), rows, trip.data());
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(float_bits(got[i]), float_bits(want.data()[i]))
+            << to_string(kind) << d << " " << i;
+        ASSERT_EQ(float_bits(trip[i]), float_bits(kept.data()[i]))
+            << to_string(kind) << d << " " << i;
+      }
+    }
+  }
+}
+
 // ---- values at the fp16 limit: one clear error, never a silent NaN ----
 
 Matrix limit_tile(int tokens, int d) {

@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "kvarn/data/uninit_vector.hpp"
+
 namespace kvarn {
 
 using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -119,10 +121,15 @@ class Method {
 
 // The cache of one (layer, KV head) with the method in the loop: append fp16 K/V rows, read the
 // reconstruction attention sees. Appending n rows at once equals appending them one by one.
+// Whether append checks its rows for NaN and Inf (kCheck), or the caller already did (kKnown:
+// e.g. decode_slab's output, which rejects non-finite values with their index).
+enum class FiniteRows { kCheck, kKnown };
+
 class KvCache {
  public:
   KvCache(int head_dim, std::unique_ptr<StreamCodec> key, std::unique_ptr<StreamCodec> value);
-  void append(const float* k, const float* v, int n);  // [n, D] rows each, finite
+  // [n, D] rows each, finite (a non-finite value is an error naming it, unless kKnown).
+  void append(const float* k, const float* v, int n, FiniteRows finite = FiniteRows::kCheck);
   int size() const { return size_; }
   int head_dim() const { return head_dim_; }
   MatrixMap keys() const;    // [size, D] reconstruction, original frame
@@ -138,7 +145,7 @@ class KvCache {
   struct Stream {
     std::unique_ptr<StreamCodec> codec;
     StreamPolicy policy;
-    std::vector<float> recon;       // [capacity, D]
+    UninitVector<float> recon;      // [capacity, D]; every row written by encode or keep
     std::vector<float> pending;     // raw rows not yet quantized (after the sink)
     int pending_first = 0;          // token index of pending row 0
     std::vector<std::uint8_t> is_quantized;
@@ -169,7 +176,8 @@ SequenceResult quantize_sequence(const Method& method, const Matrix& k, const Ma
 // reads its result from, for callers that read the cache in place instead of copying it. A
 // K/V shape mismatch is an error prefixed with `what`.
 std::unique_ptr<KvCache> sequence_cache(const Method& method, const Matrix& k, const Matrix& v,
-                                        const LayerContext& layer, const std::string& what);
+                                        const LayerContext& layer, const std::string& what,
+                                        FiniteRows finite = FiniteRows::kCheck);
 
 // Per token of `cache`, 1 where the `kind` row is in a quantized chunk, else 0.
 std::vector<std::uint8_t> quantized_flags(const KvCache& cache, StreamKind kind);

@@ -61,6 +61,11 @@ class Rotation {
   // channel and value, instead of storing inf (first_row: the number of x's first row there).
   void forward_fp16(float* x, int rows, int first_row = 0) const;
   void forward_columns_fp16(float* xt, int n) const;
+  // Same results as inverse(), on a channel-major block xt [dim, n].
+  void inverse_columns(float* xt, int n) const;
+  // out = inverse(forward_fp16(in)) for `rows` rows (in and out may not overlap): what a row kept
+  // rotated in fp16 reconstructs to, in one pass over channel-major blocks.
+  void fp16_round_trip(const float* in, int rows, float* out) const;
 
   // The dense D x D matrix R (row-major), for tests and for kernels that use a GEMM.
   std::vector<float> matrix() const;

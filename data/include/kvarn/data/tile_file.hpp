@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "kvarn/data/uninit_vector.hpp"
+
 namespace kvarn {
 
 inline constexpr const char* kTileFormat = "kvarn-tiles";
@@ -71,7 +73,7 @@ struct StoredSlab {
   int layer_index = 0, head = 0, num_tokens = 0, head_dim = 0;
   int chunk_tokens = 0;                    // tokens per stored chunk; 0: `halfs` holds the slab
   std::vector<Filter> filters;             // the dataset's filter pipeline, in HDF5's order
-  std::vector<std::uint8_t> bytes;         // the stored chunks, back to back
+  UninitVector<std::uint8_t> bytes;        // the stored chunks, back to back
   std::vector<std::size_t> chunk_end;      // end of chunk i in `bytes`
   std::vector<std::uint32_t> filter_mask;  // per chunk: bit i set = filter i was skipped
   std::vector<std::uint16_t> halfs;        // [T, D] fp16 bits, when read through HDF5
