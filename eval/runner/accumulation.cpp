@@ -395,7 +395,6 @@ void static_pseudo_decode(const Model& model, const AccumulationReference& ref,
     p.mae_static.push_back(std::move(mae));
     p.nmse_static.push_back(std::move(nmse));
   }
-  p.has_static = true;
 }
 
 // Free-running decoding after the context: greedy, and sampled with the reference's draws.
@@ -477,7 +476,7 @@ std::vector<std::pair<std::string, double>> accumulation_summary(const Accumulat
     m.emplace_back("accumulation.mae_accumulated.first", acc1);
     // Ratios only where defined (the fp16 method has zero error everywhere): no NaN rows.
     if (acc1 > 0) m.emplace_back("accumulation.mae_accumulated.growth", acc / acc1);
-    if (p.has_static) {
+    if (p.has_static()) {
       const double sta = finite_mean(p.mae_static[last]);
       m.emplace_back("accumulation.mae_static.final", sta);
       m.emplace_back("accumulation.nmse_static.final", finite_mean(p.nmse_static[last]));
@@ -529,7 +528,7 @@ nlohmann::json to_json(const AccumulationResult& r) {
     j["pseudo_decode"] = {{"context_len", r.pseudo.context_len},
                           {"mae_accumulated", mat(r.pseudo.mae_accumulated)},
                           {"nmse_accumulated", mat(r.pseudo.nmse_accumulated)}};
-    if (r.pseudo.has_static) {
+    if (r.pseudo.has_static()) {
       j["pseudo_decode"]["mae_static"] = mat(r.pseudo.mae_static);
       j["pseudo_decode"]["nmse_static"] = mat(r.pseudo.nmse_static);
     }

@@ -28,8 +28,8 @@ struct RowStats {
 };
 
 // Softmax of both rows into p, ph (length n) and the logit / distribution metrics of the row, the
-// per-key terms summed in key order (formulas: kvarn/core/attention_row.hpp). kl_only: p̂ and the
-// logit errors are not needed, so neither is written.
+// per-key terms summed in key order (formulas: kvarn/core/attention_row.hpp). full = false: KL only;
+// p̂ (ph may be null), JS and the logit errors are not computed.
 RowStats row_stats(const double* s, const double* sh, int n, double* p, double* ph, bool full) {
   RowStats r;
   const double lse = log_sum_exp(s, n), lseh = log_sum_exp(sh, n);

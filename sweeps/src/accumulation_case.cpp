@@ -142,7 +142,7 @@ void write_model(H5::Group& g, const AccumulationCaseData::Model& m) {
         {"nmse_accumulated", &PseudoDecodeResult::nmse_accumulated, false},
         {"nmse_static", &PseudoDecodeResult::nmse_static, true}};
     for (const auto& [name, f, is_static] : fields) {
-      if (is_static && !P.front().pseudo.has_static) continue;
+      if (is_static && !P.front().pseudo.has_static()) continue;
       std::vector<std::vector<double> > per_prompt;
       for (const AccumulationResult& r : P) per_prompt.push_back(flatten(r.pseudo.*f));
       const std::vector<double> layer = mean_rows(per_prompt);  // [B, L]
@@ -227,7 +227,7 @@ std::vector<std::pair<std::string, double> > bucket_summary(const Method& method
         {"accumulation.mae_static", &PseudoDecodeResult::mae_static, true},
         {"accumulation.nmse_static", &PseudoDecodeResult::nmse_static, true}};
     for (const auto& [name, f, is_static] : fields) {
-      if (is_static && !r.pseudo.has_static) continue;
+      if (is_static && !r.pseudo.has_static()) continue;
       const auto d = block_distances(method, head_dim, num_layers, cl, quantized, is_static);
       const auto& v = r.pseudo.*f;
       std::vector<double> cells, last(v.back().begin(), v.back().end());
@@ -314,7 +314,7 @@ void add_summary_rows(const CaseSpec& cs, const AccumulationModel& m, double bit
     for (const AccumulationResult& res : md.prompts) {
       if (res.has_pseudo) {
         acc.push_back(res.pseudo.mae_accumulated.back()[l]);
-        if (res.pseudo.has_static) sta.push_back(res.pseudo.mae_static.back()[l]);
+        if (res.pseudo.has_static()) sta.push_back(res.pseudo.mae_static.back()[l]);
       }
       if (res.has_teacher) {
         std::vector<double> d;
@@ -324,7 +324,7 @@ void add_summary_rows(const CaseSpec& cs, const AccumulationModel& m, double bit
     }
     if (f.has_pseudo) {
       row("accumulation.mae_accumulated.final", l, finite_mean(acc));
-      if (f.pseudo.has_static) row("accumulation.mae_static.final", l, finite_mean(sta));
+      if (f.pseudo.has_static()) row("accumulation.mae_static.final", l, finite_mean(sta));
     }
     if (f.has_teacher) row("decode.hidden_drift.mean", l, finite_mean(drift));
   }

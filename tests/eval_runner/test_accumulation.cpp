@@ -128,8 +128,8 @@ TEST_F(Accumulation, WithoutStaticReplayTheAccumulatedSideIsUnchanged) {
   const AccumulationResult both = run_accumulation(*model_, ref, kSmallKivi, o);
   o.static_replay = false;
   const AccumulationResult acc = run_accumulation(*model_, ref, kSmallKivi, o);
-  ASSERT_TRUE(both.pseudo.has_static);
-  EXPECT_FALSE(acc.pseudo.has_static);
+  ASSERT_TRUE(both.pseudo.has_static());
+  EXPECT_FALSE(acc.pseudo.has_static());
   EXPECT_TRUE(acc.pseudo.mae_static.empty());
   EXPECT_TRUE(acc.pseudo.nmse_static.empty());
   EXPECT_EQ(acc.pseudo.context_len, both.pseudo.context_len);

@@ -85,7 +85,9 @@ struct PseudoDecodeResult {
   // [blocks][layers]; MAE = mean |a_q - a_ref|, NMSE = sum (a_q - a_ref)^2 / sum a_ref^2 over the
   // block's tokens and the hidden dimension of the layer's attention output.
   std::vector<std::vector<double>> mae_accumulated, nmse_accumulated, mae_static, nmse_static;
-  bool has_static = false;  // mae_static / nmse_static filled (AccumulationOptions::static_replay)
+  // The static side was run (AccumulationOptions::static_replay): mae_static / nmse_static hold a
+  // row per block.
+  bool has_static() const { return !mae_static.empty(); }
 };
 
 struct TeacherForcedResult {
