@@ -325,13 +325,17 @@ struct Model::Impl {
     at::bmm_out(scores, qg, keys.transpose(1, 2));
     scores.mul_(scale);
     // Causal (and sliding-window) mask: query i (position p0+i) sees key j iff
-    // j <= p0+i and p0+i - j < window.
-    auto qi =
-        at::arange(p0, p0 + n, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(1);
-    auto kj = at::arange(0, t, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0);
+    // j <= p0+i and p0+i - j < window. Without a window only keys of the chunk itself (j >= p0)
+    // can be masked: the mask is applied to those columns alone.
+    const int64_t j0 = w.sliding ? 0 : p0;
+    const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
+    auto qi = at::arange(p0, p0 + n, longs).unsqueeze(1);
+    auto kj = at::arange(j0, t, longs).unsqueeze(0);
     auto masked = kj > qi;
     if (w.sliding) masked = masked | (qi - kj >= cfg.sliding_window);
-    scores.view({hk, rep, n, t}).masked_fill_(masked, -std::numeric_limits<float>::infinity());
+    scores.view({hk, rep, n, t})
+        .narrow(3, j0, t - j0)
+        .masked_fill_(masked, -std::numeric_limits<float>::infinity());
     auto probs = scratch(m.probs, {hk, rep * n, t}, q.options().dtype(at::kFloat));
     at::_softmax_out(probs, scores.to(at::kFloat), -1, false);
     return at::matmul(probs.to(dtype), values)

@@ -17,6 +17,7 @@
 #include "kvarn/data/h5_io.hpp"
 #include "kvarn/eval/metrics.hpp"
 #include "kvarn/runner/accumulation.hpp"
+#include "kvarn/runner/parallel.hpp"
 #include "kvarn/runner/runner.hpp"
 #include "kvarn/sweeps/unit_stats.hpp"
 #include "runner_cache.hpp"
@@ -69,25 +70,44 @@ const Runner& runner_for(const AccumulationModel& m, const AccumulationSettings&
   return shared_runner(m.resolved, a.device, a.threads);
 }
 
-const AccumulationReference& reference_for(const Runner& r, const AccumulationModel& m,
-                                           const AccumulationSettings& a, std::size_t p,
-                                           const std::string& current_token) {
+std::string reference_key(const AccumulationModel& m, const AccumulationSettings& a, std::size_t p,
+                          const std::string& current_token) {
   const AccumulationOptions o = options_of(a, p, current_token);
-  const std::string key = m.resolved.string() + "|" + a.device + "|" + a.prompt_ids[p] + "|" +
-                          current_token + "|" + std::to_string(o.block) + "|" +
-                          std::to_string(o.context) + "|" + std::to_string(o.decode_steps) + "|" +
-                          std::to_string(o.seed) + "|" + std::to_string(o.temperature) + "|" +
-                          std::to_string(o.top_p) + "|" + std::to_string(o.pseudo_decode) +
-                          std::to_string(o.teacher_forced) + std::to_string(o.free_running);
-  auto it = memo().refs.find(key);
-  if (it == memo().refs.end()) {
+  return m.resolved.string() + "|" + a.device + "|" + a.prompt_ids[p] + "|" + current_token + "|" +
+         std::to_string(o.block) + "|" + std::to_string(o.context) + "|" +
+         std::to_string(o.decode_steps) + "|" + std::to_string(o.seed) + "|" +
+         std::to_string(o.temperature) + "|" + std::to_string(o.top_p) + "|" +
+         std::to_string(o.pseudo_decode) + std::to_string(o.teacher_forced) +
+         std::to_string(o.free_running);
+}
+
+// The fp16 reference of every prompt under one policy, computed where the memo lacks it (on
+// `workers` threads, one prompt each).
+std::vector<const AccumulationReference*> references_for(const Runner& r,
+                                                         const AccumulationModel& m,
+                                                         const AccumulationSettings& a,
+                                                         const std::string& current_token,
+                                                         int workers) {
+  const std::size_t P = a.prompt_ids.size();
+  std::vector<std::size_t> missing;
+  for (std::size_t p = 0; p < P; ++p)
+    if (!memo().refs.count(reference_key(m, a, p, current_token))) missing.push_back(p);
+  std::vector<AccumulationReference> fresh(missing.size());
+  for_each_run(static_cast<int>(missing.size()), workers, [&](int i) {
+    const std::size_t p = missing[static_cast<std::size_t>(i)];
     // Token-id prompts need no tokenizer (builds without PCRE2, e.g. the GPU image).
     const bool has_ids = p < a.prompt_token_ids.size() && !a.prompt_token_ids[p].empty();
     const std::vector<std::int32_t> ids =
         has_ids ? a.prompt_token_ids[p] : r.encode(a.prompt_texts[p]);
-    it = memo().refs.emplace(key, accumulation_reference(r.model(), ids, o)).first;
-  }
-  return it->second;
+    fresh[static_cast<std::size_t>(i)] =
+        accumulation_reference(r.model(), ids, options_of(a, p, current_token));
+  });
+  for (std::size_t i = 0; i < missing.size(); ++i)
+    memo().refs.emplace(reference_key(m, a, missing[i], current_token), std::move(fresh[i]));
+  std::vector<const AccumulationReference*> refs;
+  for (std::size_t p = 0; p < P; ++p)
+    refs.push_back(&memo().refs.at(reference_key(m, a, p, current_token)));
+  return refs;
 }
 
 // Element-wise mean over prompts, NaN-aware (NaN only where every prompt is NaN).
@@ -360,10 +380,19 @@ AccumulationCase run_accumulation_case(const SweepConfig& cfg, const CaseSpec& c
       continue;
     }
     const Runner& r = runner_for(m, a);
+    // Prompts are independent runs: on the CPU they run side by side, one thread each.
+    const int P = static_cast<int>(a.prompt_ids.size());
+    const int workers = a.device == "cpu" ? run_workers(P, a.threads) : 1;
+    const std::vector<const AccumulationReference*> refs = references_for(r, m, a, policy, workers);
+    std::vector<AccumulationResult> results(a.prompt_ids.size());
+    for_each_run(P, workers, [&](int p) {
+      const std::size_t i = static_cast<std::size_t>(p);
+      results[i] = run_accumulation(r.model(), *refs[i], cs.spec, options_of(a, i, policy));
+    });
     json prompts = json::array();
     for (std::size_t p = 0; p < a.prompt_ids.size(); ++p) {
-      const AccumulationReference& ref = reference_for(r, m, a, p, policy);
-      AccumulationResult res = run_accumulation(r.model(), ref, cs.spec, options_of(a, p, policy));
+      const AccumulationReference& ref = *refs[p];
+      AccumulationResult& res = results[p];
       json jr = to_json(res);
       // Position-bucket summaries join the prompt's summary (the report pairs prompts on them).
       md.buckets.push_back(
