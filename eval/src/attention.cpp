@@ -12,6 +12,7 @@
 #include "kvarn/core/attention_ref.hpp"
 #include "kvarn/core/attention_row.hpp"
 #include "kvarn/data/error.hpp"
+#include "kvarn/eval/gemm.hpp"
 #include "kvarn/eval/metrics.hpp"
 #if defined(KVARN_EVAL_HAVE_CUDA)
 #include "kvarn/cuda/api.hpp"
@@ -28,8 +29,8 @@ struct RowStats {
 };
 
 // Softmax of both rows into p, ph (length n) and the logit / distribution metrics of the row, the
-// per-key terms summed in key order (formulas: kvarn/core/attention_row.hpp). full = false: KL only;
-// p̂ (ph may be null), JS and the logit errors are not computed.
+// per-key terms summed in key order (formulas: kvarn/core/attention_row.hpp). full = false: KL
+// only; p̂ (ph may be null), JS and the logit errors are not computed.
 RowStats row_stats(const double* s, const double* sh, int n, double* p, double* ph, bool full) {
   RowStats r;
   const double lse = log_sum_exp(s, n), lseh = log_sum_exp(sh, n);
@@ -94,13 +95,22 @@ struct HeadRows {
   int max_k;
 };
 
+// Rows [r0, r0 + rows) of a row-major matrix.
+gemm::View rows_of(const MatrixD& m, Eigen::Index r0, Eigen::Index rows) {
+  const int cols = static_cast<int>(m.cols());
+  return {m.data() + r0 * m.cols(), static_cast<int>(rows), cols, cols};
+}
+
 // Query rows [i0, i0 + b) of one head into pm (rows are independent: any block order gives the
 // same values).
 void run_block(const HeadRows& in, int i0, int b, BlockScratch& w, PositionMetrics* pm) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(in.q.cols()));
   const int n = in.q_first + i0 + b;  // keys visible to the last row of the block
-  w.s.noalias() = (in.q.middleRows(i0, b) * in.k.topRows(n).transpose()) * scale;
-  w.sh.noalias() = (in.q.middleRows(i0, b) * in.kh.topRows(n).transpose()) * scale;
+  const gemm::View qb = rows_of(in.q, i0, b);
+  w.s.resize(b, n);
+  w.sh.resize(b, n);
+  gemm::scaled_abt(qb, rows_of(in.k, 0, n), scale, w.s.data());
+  gemm::scaled_abt(qb, rows_of(in.kh, 0, n), scale, w.sh.data());
   w.p.setZero(b, n);
   if (in.full) w.ph.setZero(b, n);
   const int nk = static_cast<int>(in.opts.topk.size());
@@ -123,8 +133,10 @@ void run_block(const HeadRows& in, int i0, int b, BlockScratch& w, PositionMetri
     }
   }
   if (!in.full) return;
-  w.o.noalias() = w.p * in.v.topRows(n);
-  w.oh.noalias() = w.ph * in.vh.topRows(n);
+  w.o.resize(b, in.v.cols());
+  w.oh.resize(b, in.v.cols());
+  gemm::ab(rows_of(w.p, 0, b), rows_of(in.v, 0, n), w.o.data());
+  gemm::ab(rows_of(w.ph, 0, b), rows_of(in.vh, 0, n), w.oh.data());
   for (int r = 0; r < b; ++r) {
     pm->output_nmse[i0 + r] =
         ar::output_nmse((w.oh.row(r) - w.o.row(r)).squaredNorm(), w.o.row(r).squaredNorm());
@@ -416,8 +428,7 @@ RowRunner cpu_rows(const std::vector<Matrix>& k, const std::vector<Matrix>& v,
 }
 
 // Summaries of every head, overall and per position bucket, from the per-position metrics.
-void summarize_heads(std::vector<PositionMetrics>& pm, bool keep_positions,
-                     AttentionReport* rep) {
+void summarize_heads(std::vector<PositionMetrics>& pm, bool keep_positions, AttentionReport* rep) {
   const int hq = rep->q_heads, hkv = rep->kv_heads, tq = rep->queries, group = hq / hkv;
   const std::vector<int>& edges = rep->bucket_edges;
   const int nb = static_cast<int>(edges.size()) - 1;
@@ -538,9 +549,9 @@ AttentionReport attention_metrics(const std::vector<Matrix>& q, const std::vecto
                                   const std::vector<std::vector<std::uint8_t>>* k_quantized) {
   check_attention_inputs(q, k, v, k_hat, v_hat, k_quantized);
   const int hq = static_cast<int>(q.size()), hkv = static_cast<int>(k.size());
-  AttentionReport rep = empty_report(hq, hkv, static_cast<int>(k[0].rows()),
-                                     static_cast<int>(q[0].rows()),
-                                     static_cast<int>(k[0].cols()), opts);
+  AttentionReport rep =
+      empty_report(hq, hkv, static_cast<int>(k[0].rows()), static_cast<int>(q[0].rows()),
+                   static_cast<int>(k[0].cols()), opts);
   // Per-position metrics of every query head against a K̂ (full = false: KL only), on the CPU or
   // the GPU; everything after it (summaries, buckets, outlier ranking) is shared host code.
   std::vector<MatrixD> qd;
