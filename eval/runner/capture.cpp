@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <numbers>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "kvarn/data/read_file.hpp"
 #include "kvarn/data/tile_file.hpp"
 #include "kvarn/runner/model.hpp"
+#include "kvarn/runner/parallel.hpp"
 #include "kvarn/runner/runner.hpp"
 #include "kvarn/runner/tokenizer.hpp"
 
@@ -558,27 +560,45 @@ CaptureResult run_capture(const CaptureOptions& o) {
   CaptureResult result;
   result.out = o.out;
   json generation = json::array(), checks = json::array();
-  for (std::size_t si = 0; si < seqs.size(); ++si) {
-    PreparedSequence& s = seqs[si];
-    check_cancel(o);
-    const int generated = generate_continuation(o, model, cfg.eos_token_ids, s);
-    generation.push_back(
-        {{"prompt_id", s.prompt_id}, {"prompt_tokens", s.prompt_tokens}, {"generated", generated}});
-    if (o.max_tokens > 0 && static_cast<int>(s.ids.size()) > o.max_tokens) {
-      s.ids.resize(o.max_tokens);
+  // Sequences are independent runs: on the CPU a wave of them runs side by side, one thread each
+  // (kvarn/runner/parallel.hpp), and the wave is written in order.
+  const int n = static_cast<int>(seqs.size());
+  const int workers = o.device == "cpu" ? run_workers(n, o.num_threads) : 1;
+  for (int w0 = 0; w0 < n; w0 += workers) {
+    const int wn = std::min(workers, n - w0);
+    std::vector<int> generated(static_cast<std::size_t>(wn));
+    std::vector<std::optional<SequenceCapture>> wave(static_cast<std::size_t>(wn));
+    for_each_run(wn, workers, [&](int i) {
+      const std::size_t si = static_cast<std::size_t>(w0 + i);
+      PreparedSequence& s = seqs[si];
+      check_cancel(o);
+      generated[static_cast<std::size_t>(i)] =
+          generate_continuation(o, model, cfg.eos_token_ids, s);
+      if (o.max_tokens > 0 && static_cast<int>(s.ids.size()) > o.max_tokens) {
+        s.ids.resize(o.max_tokens);
+      }
+      wave[static_cast<std::size_t>(i)].emplace(
+          capture_sequence(o, cfg, model, sel, inv_freq, si, s));
+    });
+    for (int i = 0; i < wn; ++i) {
+      const std::size_t si = static_cast<std::size_t>(w0 + i);
+      const PreparedSequence& s = seqs[si];
+      const SequenceCapture& capture = *wave[static_cast<std::size_t>(i)];
+      generation.push_back({{"prompt_id", s.prompt_id},
+                            {"prompt_tokens", s.prompt_tokens},
+                            {"generated", generated[static_cast<std::size_t>(i)]}});
+      const CaptureCheck& chk = capture.check;
+      checks.push_back({{"sequence", si},
+                        {"k_vs_cache", chk.k_vs_cache},
+                        {"v_vs_cache", chk.v_vs_cache},
+                        {"rope_pre_vs_post", chk.rope_pre_vs_post},
+                        {"rope_worst_over_tolerance", chk.rope_worst_ratio}});
+      writer.add_sequence(capture.data);
+      result.checks.push_back(chk);
+      const int T = static_cast<int>(s.ids.size());
+      result.num_tokens.push_back(T);
+      log_sequence(o, si, s, T, chk);
     }
-    const int T = static_cast<int>(s.ids.size());
-    SequenceCapture capture = capture_sequence(o, cfg, model, sel, inv_freq, si, s);
-    const CaptureCheck& chk = capture.check;
-    checks.push_back({{"sequence", si},
-                      {"k_vs_cache", chk.k_vs_cache},
-                      {"v_vs_cache", chk.v_vs_cache},
-                      {"rope_pre_vs_post", chk.rope_pre_vs_post},
-                      {"rope_worst_over_tolerance", chk.rope_worst_ratio}});
-    writer.add_sequence(capture.data);
-    result.checks.push_back(chk);
-    result.num_tokens.push_back(T);
-    log_sequence(o, si, s, T, chk);
   }
   check_cancel(o);
   prov["generation"] = generation;
