@@ -176,8 +176,8 @@ int decode_num_splits(const DecodeProblem& p) {
   const int resident = it->second;
   long long per_sm = resident > 0 ? resident : std::clamp(233472 / (smem + 1024), 1, tq ? 16 : 32);
   // FP16: splits for two CTAs per SM, not the four that are resident: fewer concurrent streams
-  // read faster (H200: batch 1 x 64K-128K 2-3 %, batch 8 x 2K-32K 1-3 %, batch 32 x 32K 1 %
-  // faster; batch 128 has one split either way).
+  // read faster (H200: batch 8 1-3 %, batch 1 x 64K-128K and batch 32 x 32K 0.5-1 % faster;
+  // batch 128 has one split either way).
   constexpr long long kFp16CtasPerSm = 2;
   if (p.format == DecodeFormat::kFp16) per_sm = std::min(per_sm, kFp16CtasPerSm);
   const long long slots = per_sm * sm_count();
