@@ -76,8 +76,9 @@ void launch_combine(const DecodeProblem& p, const float* o_part, const float* ls
     // Many splits (batch 1 at long context): one wide CTA per row streams the partial outputs
     // with many loads in flight (H200 FP16 B1 x 128K: 154 -> 147 us); few splits (batch >= 8):
     // D threads, one split after the other, cheaper there (B128 x 2K: 305 against 312 us).
+    // (the wide one holds the split weights in shared memory: at most kCombineMaxSplits)
     constexpr int kWideFromSplits = 17;
-    const bool wide = splits >= kWideFromSplits;
+    const bool wide = splits >= kWideFromSplits && splits <= kCombineMaxSplits;
     cfg.blockDim = dim3(wide ? kCombineThreads : kD);
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
@@ -85,8 +86,6 @@ void launch_combine(const DecodeProblem& p, const float* o_part, const float* ls
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    KVARN_CHECK(!wide || splits <= kCombineMaxSplits, "paged_decode: ", splits, " splits > ",
-                kCombineMaxSplits);
     KVARN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, wide ? combine_wide_kernel<kD> : combine_kernel<kD>,
                                         o_part, lse, p.num_q_heads, splits, rot_scale,
                                         reinterpret_cast<__half*>(out)));
@@ -157,7 +156,6 @@ int resident_ctas(const DecodeProblem& p) {
 // that) and, for FP16 and KVarN past 16 splits, a minimum of tokens per split.
 int decode_num_splits(const DecodeProblem& p) {
   if (p.num_splits > 0) return p.num_splits;
-
   const bool tq = p.format == DecodeFormat::kTurboQuant;
   const int warps = decode_num_warps(p);
   const int smem = tq ? detail::tq_smem_bytes(tq_slot(p), p.tq.key_bits)
