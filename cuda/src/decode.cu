@@ -43,8 +43,8 @@ KvFormat kernel_format(DecodeFormat f) {
 // set; else 2 when the cache holds at most kFewRecordsPerSm records per SM (batch 1 at 2K-4K:
 // each record's latency is what is left and two warps halve it, k4v2 13.9 -> 12.7 us at 2K);
 // else the table's count for the bit pair, except that past kManyWarpSplits one-warp splits
-// (batch 1 from 32K) two warps lose (they write twice the partial outputs the combine loops
-// over: k4v4 batch 1 x 32K 30.0 -> 32.8 us), so one.
+// (batch 1 from 32K) two warps lost (k4v4 batch 1 x 32K 30.0 -> 32.8 us, measured when each
+// warp still wrote its own partial output for the combine), so one.
 int g128_warps(const DecodeProblem& p) {
   if (p.warps > 0) return p.warps;
   constexpr long long kFewRecordsPerSm = 2;
@@ -73,15 +73,22 @@ void launch_combine(const DecodeProblem& p, const float* o_part, const float* ls
   DISPATCH_HEAD_DIM(p.head_dim, kD, {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(p.num_q_heads, p.batch);
-    cfg.blockDim = dim3(kD);
+    // Many splits (batch 1 at long context): one wide CTA per row streams the partial outputs
+    // with many loads in flight (H200 FP16 B1 x 128K: 154 -> 147 us); few splits (batch >= 8):
+    // D threads, one split after the other, cheaper there (B128 x 2K: 305 against 312 us).
+    // (the wide one holds the split weights in shared memory: at most kCombineMaxSplits)
+    constexpr int kWideFromSplits = 17;
+    const bool wide = splits >= kWideFromSplits && splits <= kCombineMaxSplits;
+    cfg.blockDim = dim3(wide ? kCombineThreads : kD);
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    KVARN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, combine_kernel<kD>, o_part, lse, p.num_q_heads,
-                                        splits, rot_scale, reinterpret_cast<__half*>(out)));
+    KVARN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, wide ? combine_wide_kernel<kD> : combine_kernel<kD>,
+                                        o_part, lse, p.num_q_heads, splits, rot_scale,
+                                        reinterpret_cast<__half*>(out)));
   })
 }
 
@@ -144,9 +151,9 @@ int resident_ctas(const DecodeProblem& p) {
 
 // As many split CTAs as are resident on the device at once (occupancy calculator; without a
 // device: shared memory bound, 228 KiB per SM, 1 KiB reserved per CTA), split so that
-// batch * Hkv * S fills that one wave, with at least two blocks per split (each split writes D
-// floats per head and warp to the workspace; KVarN: one record, whose work outweighs that) and,
-// for FP16 and KVarN past 16 splits, a minimum of tokens per split.
+// batch * Hkv * S fills that one wave (FP16: two CTAs per SM), with at least two blocks per split
+// (each split writes D floats per head to the workspace; KVarN: one record, whose work outweighs
+// that) and, for FP16 and KVarN past 16 splits, a minimum of tokens per split.
 int decode_num_splits(const DecodeProblem& p) {
   if (p.num_splits > 0) return p.num_splits;
   const bool tq = p.format == DecodeFormat::kTurboQuant;
@@ -165,8 +172,12 @@ int decode_num_splits(const DecodeProblem& p) {
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, resident_ctas(p)).first;
   const int resident = it->second;
-  const long long per_sm =
-      resident > 0 ? resident : std::clamp(233472 / (smem + 1024), 1, tq ? 16 : 32);
+  long long per_sm = resident > 0 ? resident : std::clamp(233472 / (smem + 1024), 1, tq ? 16 : 32);
+  // FP16: splits for two CTAs per SM, not the four that are resident: fewer concurrent streams
+  // read faster (H200: batch 8 1-3 %, batch 1 x 64K-128K and batch 32 x 32K 0.5-1 % faster;
+  // batch 128 has one split either way).
+  constexpr long long kFp16CtasPerSm = 2;
+  if (p.format == DecodeFormat::kFp16) per_sm = std::min(per_sm, kFp16CtasPerSm);
   const long long slots = per_sm * sm_count();
   const long long ctas = std::max(1LL, static_cast<long long>(p.batch) * p.num_kv_heads);
   long long s = std::max(1LL, slots / ctas);
@@ -205,7 +216,7 @@ int decode_num_warps(const DecodeProblem& p) {
 
 std::size_t decode_workspace_bytes(const DecodeProblem& p) {
   const std::size_t rows = static_cast<std::size_t>(p.batch) * p.num_q_heads;
-  const std::size_t s = static_cast<std::size_t>(decode_num_splits(p)) * decode_num_warps(p);
+  const std::size_t s = static_cast<std::size_t>(decode_num_splits(p));  // a CTA merges its warps
   return rows * s * (static_cast<std::size_t>(p.head_dim) + 1) * sizeof(float);
 }
 
@@ -291,8 +302,7 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
   a.code_magic = 0x64006400u;
   a.o_part = static_cast<float*>(b.workspace);
   const int warps = decode_num_warps(p);
-  const int ws_splits = splits * warps;  // workspace splits (one per warp)
-  a.lse = a.o_part + static_cast<std::size_t>(p.batch) * p.num_q_heads * ws_splits * p.head_dim;
+  a.lse = a.o_part + static_cast<std::size_t>(p.batch) * p.num_q_heads * splits * p.head_dim;
   detail::LaunchShape s{p.head_dim, p.block_size, splits, p.batch, p.num_kv_heads, warps};
   if (p.format == DecodeFormat::kKvarn) {
     const KvarnConfig& c = p.kvarn;
@@ -331,7 +341,7 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
                 "paged_decode: format not compiled");
   }
   out_rot = a.rot_scale;
-  launch_combine(p, a.o_part, a.lse, ws_splits, out_rot, b.out, stream);
+  launch_combine(p, a.o_part, a.lse, splits, out_rot, b.out, stream);
 }
 
 }  // namespace kvarn::cuda

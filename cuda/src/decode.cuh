@@ -12,8 +12,8 @@
 //   FP8:    same with e4m3 bytes and per-KV-head float scales k_scale/v_scale [Hkv].
 //   query [batch, Hq, D] fp16, output [batch, Hq, D] fp16 (original frame);
 //   query head hq uses KV head hq / (Hq / Hkv), Hq / Hkv <= 8.
-// Workspace: o_part [batch, Hq, S W, D] f32 (normalized by the split's l), lse [batch, Hq, S W]
-//   f32 (log2 domain, -inf for an empty split); W = DecodeTraits::kWarps (warps per CTA).
+// Workspace: o_part [batch, Hq, S, D] f32 (normalized by the split's l), lse [batch, Hq, S]
+//   f32 (log2 domain, -inf for an empty split); a CTA of two warps merges their states first.
 //
 // Split kernel: grid (S, Hkv, batch), W warps per CTA: W = 1 (KVarN G 32; no block barriers: the
 // record's per-record work, q'' and the output update, is done once per record), 2 (FP16, FP8,
@@ -117,7 +117,7 @@ struct DecodeTraits {
   static constexpr int kMinCtas = F == KvFormat::kKvarn && kWarps == 2 ? 6 : 1;
   // KVarN: kWarps warps per CTA share the stages; warp w takes record tokens
   // [w kTok, (w + 1) kTok) and row-item M-tiles [w kRowMTw, (w + 1) kRowMTw) with its own softmax
-  // state (written as its own split): more warps per SM at the same shared memory in flight.
+  // state (merged at the end): more warps per SM at the same shared memory in flight.
   static constexpr int kTok = G / kWarps;
   // KVarN record geometry (per warp)
   static constexpr int kMT = kTok / 16;  // QK M-tiles == PV k-steps
@@ -208,6 +208,45 @@ __device__ __forceinline__ void online_softmax(float (&sc)[MT][4], float (&m)[2]
   l[1] = l[1] * alpha[1] + ls[1];
 }
 
+// Merge the online-softmax states of a CTA's two warps (same fragment ownership per lane): warp 1
+// writes its output, maxima and sums to `xfer` ([4 KS + 4][32] floats, lane-minor: no bank
+// conflicts), warp 0 rescales both to the common maximum and adds. Every thread of the CTA calls
+// it (it holds a barrier); true for the warp that holds the merged state (warp 0).
+template <int KS>
+__device__ __forceinline__ bool merge_warp_pair(float* xfer, int warp, int lane, float (&o)[KS][4],
+                                                float (&m)[2], float (&l)[2]) {
+  if (warp == 1) {
+#pragma unroll
+    for (int i = 0; i < KS; ++i)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) xfer[(4 * i + r) * 32 + lane] = o[i][r];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      xfer[(4 * KS + k) * 32 + lane] = m[k];
+      xfer[(4 * KS + 2 + k) * 32 + lane] = l[k];
+    }
+  }
+  __syncthreads();
+  if (warp != 0) return false;
+  float a0[2], a1[2];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const float m1 = xfer[(4 * KS + k) * 32 + lane], l1 = xfer[(4 * KS + 2 + k) * 32 + lane];
+    const float mn = fmaxf(m[k], m1);
+    const float base = mn == -INFINITY ? 0.0f : mn;  // both empty: l stays 0
+    a0[k] = fast_exp2(m[k] - base);
+    a1[k] = fast_exp2(m1 - base);
+    m[k] = mn;
+    l[k] = l[k] * a0[k] + l1 * a1[k];
+  }
+#pragma unroll
+  for (int i = 0; i < KS; ++i)
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+      o[i][r] = o[i][r] * a0[r & 1] + xfer[(4 * i + r) * 32 + lane] * a1[r & 1];
+  return true;
+}
+
 // Channel of q' element e (0..3) of k-step s for lane column c (see the header comment).
 template <KvFormat F>
 __device__ __forceinline__ int q_channel(int s, int c, int e) {
@@ -223,8 +262,9 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
   using T = DecodeTraits<D, G, F, KB, VB, W>;
   static_assert(W == decode_warps(F, G, W), "warps per CTA of this format and group");
   constexpr int KS = T::kKSteps;
+  constexpr int kStages = T::kStages;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  static_assert(T::kStages <= 4, "desc + mbarriers fit the 128-byte header");
+  static_assert(kStages <= 4, "desc + mbarriers fit the 128-byte header");
   int4* desc = reinterpret_cast<int4*>(smem_raw);  // [kStages] {record?, -, -, valid rows}
   // KVarN records arrive by the bulk copy engine: one mbarrier per stage (bytes 64..95)
   std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(smem_raw + 64);
@@ -235,7 +275,7 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
   if constexpr (F == KvFormat::kKvarn) {
     if (tid == 0)
 #pragma unroll
-      for (int i = 0; i < T::kStages; ++i) mbar_init(&bars[i], 1);
+      for (int i = 0; i < kStages; ++i) mbar_init(&bars[i], 1);
     if constexpr (T::kWarps > 1) {
       __syncthreads();
     } else {
@@ -250,7 +290,8 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
 
   // ---- query fragment: head g, channels q_channel(s, c, e); rotate; scale ----
   float qf[KS][4];
-  {
+  std::uint32_t qb[KS][2];  // fp16 B fragments of the (scaled) query for row items
+  auto load_query = [&]() {
     const bool live = g < a.qpk;
     const __half* qrow = a.q + (static_cast<long long>(b) * a.num_q_heads + h * a.qpk + g) * D;
 #pragma unroll
@@ -273,13 +314,12 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
     for (int s = 0; s < KS; ++s)
 #pragma unroll
       for (int e = 0; e < 4; ++e) qf[s][e] *= scale;
-  }
-  std::uint32_t qb[KS][2];  // fp16 B fragments of the (scaled) query for row items
 #pragma unroll
-  for (int s = 0; s < KS; ++s) {
-    qb[s][0] = pack_half2(qf[s][0], qf[s][1]);
-    qb[s][1] = pack_half2(qf[s][2], qf[s][3]);
-  }
+    for (int s = 0; s < KS; ++s) {
+      qb[s][0] = pack_half2(qf[s][0], qf[s][1]);
+      qb[s][1] = pack_half2(qf[s][2], qf[s][3]);
+    }
+  };
 
   float o[KS][4];
 #pragma unroll
@@ -341,7 +381,12 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
         const int kv = k * kRps / T::kRowTok, r = r0 + (k * kRps) % T::kRowTok;
         const bool valid = r < n;
         const unsigned char* src = (kv ? vb : kb) + (valid ? r * T::kRowBytes + q16 * 16 : 0);
-        cp_async16(dst + (kv * T::kRowTok + r) * T::kRowStride + q16 * 16, src, valid);
+        unsigned char* d16 = dst + (kv * T::kRowTok + r) * T::kRowStride + q16 * 16;
+        if constexpr (F == KvFormat::kFp16) {
+          cp_async16_l2_128(d16, src, valid);
+        } else {
+          cp_async16(d16, src, valid);
+        }
       }
       d = make_int4(0, pj, row0, n);
       if (row0 + T::kRowTok >= n_valid) {
@@ -638,12 +683,13 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
   // ---------------- pipeline ----------------
   int issued = 0;
 #pragma unroll
-  for (int i = 0; i < T::kStages - 1; ++i) {
-    if (pj < j_end) issue(issued++ % T::kStages);
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (pj < j_end) issue(issued++ % kStages);
     cp_async_commit();
   }
+  load_query();  // after the first copies: its latency hides behind theirs
   for (int it = 0; it < issued; ++it) {
-    cp_async_wait<T::kStages - 2>();
+    cp_async_wait<kStages - 2>();
     // Makes every thread's copies of stage `it` visible, and (kWarps > 1) guarantees that all
     // warps are done with the stage the next issue overwrites (the one processed at it - 1).
     if constexpr (T::kWarps > 1) {
@@ -651,9 +697,9 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
     } else {
       __syncwarp();
     }
-    if (pj < j_end) issue(issued++ % T::kStages);
+    if (pj < j_end) issue(issued++ % kStages);
     cp_async_commit();
-    const int stage = it % T::kStages;
+    const int stage = it % kStages;
     const int4 d = desc[stage];
     const unsigned char* st = stages + stage * a.stage_bytes;
     if (F == KvFormat::kKvarn && d.x) {
@@ -672,6 +718,15 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
   for (int k = 0; k < 2; ++k)
 #pragma unroll
     for (int o2 = 4; o2 < 32; o2 <<= 1) l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], o2);
+  // Two warps: one workspace split per CTA (half the partial outputs for the combine to read).
+  if constexpr (T::kWarps == 2) {
+    __syncthreads();  // every warp is done with the stages, which now carry the hand-over
+    if (!detail::merge_warp_pair<KS>(reinterpret_cast<float*>(stages), warp, lane, o, m_run,
+                                     l_run)) {
+      grid_dep_launch();
+      return;
+    }
+  }
   const float vscale = F == KvFormat::kFp8 ? a.v_scale[h] : 1.0f;
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
@@ -680,8 +735,7 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
     const long long row = static_cast<long long>(b) * a.num_q_heads + h * a.qpk + head;
     const float l = l_run[k];
     const float inv = l > 0.0f ? vscale / l : 0.0f;
-    // warp w of split s writes workspace split s * kWarps + w (the combine sees them all)
-    const long long ws = row * (a.num_splits * T::kWarps) + split * T::kWarps + warp;
+    const long long ws = row * a.num_splits + split;
     float* dst = a.o_part + ws * D + g * (D / 8);
 #pragma unroll
     for (int i = 0; i < D / 8; i += 4) {
@@ -696,6 +750,28 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
   }
   grid_dep_launch();
 }
+
+namespace detail {
+// Inverse rotation (scaled FWHT; rot_scale 0: none) of the combined row x[D] in shared memory,
+// then its fp16 store. Every thread of the CTA calls it (it holds barriers); thread d < D owns
+// channel d.
+template <int D>
+__device__ __forceinline__ void unrotate_store(float* x, int d, float rot_scale, __half* out) {
+  if (rot_scale != 0.0f) {
+    for (int hs = 1; hs < D; hs <<= 1) {
+      if (d < D / 2) {
+        const int j = (d / hs) * 2 * hs + d % hs;
+        const float u = x[j], w = x[j + hs];
+        x[j] = u + w;
+        x[j + hs] = u - w;
+      }
+      __syncthreads();
+    }
+    if (d < D) x[d] *= rot_scale;
+  }
+  if (d < D) out[d] = __float2half_rn(x[d]);
+}
+}  // namespace detail
 
 // Combine the splits (log-sum-exp in the exp2 domain), un-rotate, write fp16.
 // grid (Hq, batch), D threads; launched as a programmatic dependent of the split kernel.
@@ -719,19 +795,81 @@ __global__ void __launch_bounds__(D) combine_kernel(const float* o_part, const f
   }
   x[d] = den > 0.0f ? num / den : 0.0f;
   __syncthreads();
-  if (rot_scale != 0.0f) {
-    for (int hs = 1; hs < D; hs <<= 1) {
-      if (d < D / 2) {
-        const int j = (d / hs) * 2 * hs + d % hs;
-        const float u = x[j], w = x[j + hs];
-        x[j] = u + w;
-        x[j + hs] = u - w;
-      }
-      __syncthreads();
-    }
-    x[d] *= rot_scale;
+  detail::unrotate_store<D>(x, d, rot_scale, out + row * D);
+}
+
+// The combine over many splits (batch 1 at long context, up to 1024 per row), one CTA of
+// kCombineThreads per row: the split weights go to shared memory once, then thread t sums the
+// float4 column t % (D / 4) of every (kCombineThreads / (D / 4))-th split (loads independent of
+// each other, 16 bytes wide), and the column sums meet in shared memory. Same result as
+// combine_kernel up to the order of the float additions.
+constexpr int kCombineThreads = 256;
+constexpr int kCombineMaxSplits = 2048;
+template <int D>
+__global__ void __launch_bounds__(kCombineThreads)
+    combine_wide_kernel(const float* o_part, const float* lse, int num_q_heads, int num_splits,
+                        float rot_scale, __half* out) {
+  constexpr int kQuads = D / 4, kLanes = kCombineThreads / kQuads, kWarpsC = kCombineThreads / 32;
+  __shared__ float w[kCombineMaxSplits];
+  __shared__ float red[2][kWarpsC];
+  __shared__ float4 part[kLanes][kQuads];
+  __shared__ float x[D];
+  grid_dep_wait();
+  const long long row = static_cast<long long>(blockIdx.y) * num_q_heads + blockIdx.x;
+  const int t = threadIdx.x, lane = t & 31, wid = t >> 5;
+  const float* l = lse + row * num_splits;
+  float mx = -INFINITY;
+  for (int s = t; s < num_splits; s += kCombineThreads) {
+    const float v = l[s];
+    w[s] = v;
+    mx = fmaxf(mx, v);
   }
-  out[row * D + d] = __float2half_rn(x[d]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (lane == 0) red[0][wid] = mx;
+  __syncthreads();
+  mx = red[0][0];
+#pragma unroll
+  for (int i = 1; i < kWarpsC; ++i) mx = fmaxf(mx, red[0][i]);
+  float den = 0.0f;
+  for (int s = t; s < num_splits; s += kCombineThreads) {
+    const float e = mx == -INFINITY ? 0.0f : exp2f(w[s] - mx);
+    w[s] = e;
+    den += e;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+  if (lane == 0) red[1][wid] = den;
+  __syncthreads();  // also publishes w
+  den = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kWarpsC; ++i) den += red[1][i];
+  const int q = t % kQuads, sl = t / kQuads;
+  const float4* op = reinterpret_cast<const float4*>(o_part + row * num_splits * D) + q;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+  for (int s = sl; s < num_splits; s += kLanes) {
+    const float ws = w[s];
+    const float4 v = op[static_cast<long long>(s) * kQuads];
+    acc.x += ws * v.x;
+    acc.y += ws * v.y;
+    acc.z += ws * v.z;
+    acc.w += ws * v.w;
+  }
+  part[sl][q] = acc;
+  __syncthreads();
+  const int d = t;
+  if (d < D) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kLanes; ++j) {
+      const float4 v = part[j][d / 4];
+      sum += (d % 4 == 0) ? v.x : (d % 4 == 1) ? v.y : (d % 4 == 2) ? v.z : v.w;
+    }
+    x[d] = den > 0.0f ? sum / den : 0.0f;
+  }
+  __syncthreads();
+  detail::unrotate_store<D>(x, d, rot_scale, out + row * D);
 }
 
 }  // namespace kvarn::cuda

@@ -262,5 +262,32 @@ TEST(PagedDecodeWarps, AutomaticChoice) {
             2);
 }
 
+// Automatic FP16 split count (D 128, page 128, Hkv 8): splits for two CTAs per SM (four are
+// resident), past 16 splits at least 1024 tokens per split, at most max_blocks / 2. Needs no
+// device (132 SMs without one).
+TEST(Fp16DecodeSplits, TwoCtasPerSm) {
+  int sms = 132;
+  if (cuda::device_count() > 0)
+    KVARN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  auto splits = [](int batch, int max_blocks) {
+    return cuda::decode_num_splits(
+        decode_problem(DecodeFormat::kFp16, batch, 32, 8, 128, 128, max_blocks));
+  };
+  auto expected = [sms](int batch, int max_blocks) {
+    int s = std::max(1, 2 * sms / (batch * 8));
+    if (s > 16) s = std::max(16, std::min(s, max_blocks * 128 / 1024));
+    return std::min(s, std::max(1, max_blocks / 2));
+  };
+  for (int batch : {1, 8, 32, 128})
+    for (int blocks : {8, 16, 32, 128, 256, 512, 1024})  // 1K .. 128K tokens
+      EXPECT_EQ(splits(batch, blocks), expected(batch, blocks)) << batch << " x " << blocks;
+  if (sms == 132) {                  // H200: the counts measured in docs/PERFORMANCE.md
+    EXPECT_EQ(splits(1, 1024), 33);  // 128K (66 at four CTAs per SM)
+    EXPECT_EQ(splits(1, 128), 16);   // 16K: the token floor
+    EXPECT_EQ(splits(8, 256), 4);    // 32K (8 before)
+    EXPECT_EQ(splits(32, 256), 1);   // (2 before)
+  }
+}
+
 }  // namespace
 }  // namespace kvarn
