@@ -25,6 +25,10 @@ std::size_t QuantizedStream::payload_bytes() const {
 
 namespace {
 
+// Every slab adds 3 groups, a dozen datasets and 31 attributes: their headers come from 1 MiB
+// blocks instead of the default 2 KiB ones (fewer file-space allocations).
+constexpr hsize_t kMetaBlockBytes = hsize_t{1} << 20;
+
 struct FieldType {
   const H5::PredType* type;  // file and memory type: the bytes are little endian already
   std::size_t size;
@@ -125,7 +129,7 @@ QuantizedFileWriter::QuantizedFileWriter(const fs::path& path, QuantizedFileInfo
               ": QuantizedFileInfo needs positive head_dim and num_layers");
   impl_ = std::make_unique<Impl>();
   try {
-    impl_->file = h5::create_file(tmp_.string());
+    impl_->file = h5::create_file(tmp_.string(), kMetaBlockBytes);
     H5::H5File& file = impl_->file;
     h5::write_string_attr(file, "format", kQuantizedFormat);
     h5::write_int_attr(file, "format_version", kQuantizedFormatVersion);
