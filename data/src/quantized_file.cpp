@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cstdio>
 
+#ifdef __linux__
+#include <fcntl.h>
+#endif
+
 #include "kvarn/data/atomic_file.hpp"
 #include "kvarn/data/error.hpp"
 #include "kvarn/data/h5_io.hpp"
@@ -24,6 +28,10 @@ std::size_t QuantizedStream::payload_bytes() const {
 }
 
 namespace {
+
+// Every slab adds 3 groups, a dozen datasets and 31 attributes: their headers come from 1 MiB
+// blocks instead of the default 2 KiB ones (fewer file-space allocations).
+constexpr hsize_t kMetaBlockBytes = hsize_t{1} << 20;
 
 struct FieldType {
   const H5::PredType* type;  // file and memory type: the bytes are little endian already
@@ -113,7 +121,34 @@ struct QuantizedFileWriter::Impl {
   H5::Group sequences, sequence, layer;
   std::string sequence_name;
   int layer_index = -1;
+  int fd = -1;  // the file's descriptor under HDF5's default (sec2) driver, else -1
+  int slabs_since_writeback = 0;
 };
+
+namespace {
+
+// Slabs between two requests to start writing the file's dirty pages back.
+constexpr int kWritebackSlabs = 16;
+
+int file_descriptor(const H5::H5File& file) {
+  if (H5Pget_driver(file.getAccessPlist().getId()) != H5FD_SEC2) return -1;
+  void* handle = nullptr;
+  if (H5Fget_vfd_handle(file.getId(), H5P_DEFAULT, &handle) < 0 || !handle) return -1;
+  return *static_cast<int*>(handle);
+}
+
+// Starts the kernel's writeback of what was written so far without waiting for it, so that the
+// fsync when the file is committed has little left to wait for (it runs after the last slab,
+// with nothing to overlap it).
+void start_writeback(int fd) {
+#ifdef __linux__
+  if (fd >= 0) ::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+#else
+  (void)fd;
+#endif
+}
+
+}  // namespace
 
 QuantizedFileWriter::QuantizedFileWriter(const fs::path& path, QuantizedFileInfo info,
                                          bool overwrite)
@@ -125,7 +160,7 @@ QuantizedFileWriter::QuantizedFileWriter(const fs::path& path, QuantizedFileInfo
               ": QuantizedFileInfo needs positive head_dim and num_layers");
   impl_ = std::make_unique<Impl>();
   try {
-    impl_->file = h5::create_file(tmp_.string());
+    impl_->file = h5::create_file(tmp_.string(), kMetaBlockBytes);
     H5::H5File& file = impl_->file;
     h5::write_string_attr(file, "format", kQuantizedFormat);
     h5::write_int_attr(file, "format_version", kQuantizedFormatVersion);
@@ -138,6 +173,7 @@ QuantizedFileWriter::QuantizedFileWriter(const fs::path& path, QuantizedFileInfo
     h5::write_int_attr(file, "reconstruction", info_.reconstruction ? 1 : 0);
     h5::write_string_attr(file, "provenance", info_.provenance);
     impl_->sequences = h5::create_group(file, "sequences");
+    impl_->fd = file_descriptor(file);
   } catch (const H5::Exception& e) {
     impl_.reset();
     std::error_code ec;
@@ -179,6 +215,10 @@ void QuantizedFileWriter::add_slab(const SlabKey& key, const QuantizedSlab& slab
       m.layer_index = key.model_layer;
     }
     write_head(m.layer, key.head, slab, info_.reconstruction, info_.head_dim, where);
+    if (++m.slabs_since_writeback == kWritebackSlabs) {
+      start_writeback(m.fd);
+      m.slabs_since_writeback = 0;
+    }
   } catch (const H5::Exception& e) {
     fail(where, ": cannot write: ", h5::describe(e));
   }

@@ -363,12 +363,13 @@ void add_to_report(const SlabJob& j, QuantizeReport* rep) {
   rep->times.compute_cpu += j.compute_cpu_s;
 }
 
-// Slabs flow through a fixed set of threads, as many as asked for, with no batches: each
-// thread, in turn, either takes the next HDF5 step (write the oldest quantized slab, or read the
-// next slab's stored chunks; one thread at a time, HDF5 is not thread-safe) or decodes and
-// quantizes a slab that was read. The HDF5 work takes turns with the quantization on the same
-// threads instead of competing with it for the cores from an extra thread, and no thread waits
-// at a batch's end. Slabs are written in list order; at most `window` are in memory.
+// Slabs flow through a fixed set of threads, as many as asked for, with no barriers: each
+// thread, in turn, either takes the HDF5 turn (write the oldest quantized slabs, or read the next
+// slabs' stored chunks, up to kIoBatch in one turn; one thread at a time, HDF5 is not
+// thread-safe) or decodes and quantizes a slab that was read. The HDF5 work takes turns with the
+// quantization on the same threads instead of competing with it for the cores from an extra
+// thread, and no thread waits at a batch's end. Slabs are written in list order; at most
+// `window` are in memory.
 class Pipeline {
  public:
   Pipeline(const Method& method, const QuantizeFileOptions& o, const TileReader& reader,
@@ -380,7 +381,7 @@ class Pipeline {
         writer_(writer),
         slabs_(std::move(slabs)),
         threads_(std::max(1, threads)),
-        window_(static_cast<std::size_t>(4 * threads_ + 2)),
+        window_(static_cast<std::size_t>(4 * threads_ + 2) + kIoBatch),
         rep_(rep),
         jobs_(slabs_.size()),
         done_(slabs_.size(), 0),
@@ -405,15 +406,27 @@ class Pipeline {
  private:
   enum class Io { kNone, kRead, kWrite };
 
-  // The next HDF5 step, if one can be taken now (called under mu_). Reads come first while fewer
-  // slabs wait than there are threads, so that no thread starves.
+  // Quantized slabs from next_write_ on that can be written now, in order (at most kIoBatch).
+  std::size_t writable() const {
+    std::size_t n = 0;
+    while (n < kIoBatch && next_write_ + n < stop_at_ && done_[next_write_ + n]) ++n;
+    return n;
+  }
+
+  bool can_read() const { return next_read_ < stop_at_ && next_read_ - next_write_ < window_; }
+  bool can_compute() const { return next_take_ < std::min(next_read_, stop_at_); }
+
+  // The HDF5 turn to take now, if any (called under mu_). Reads come first while fewer slabs wait
+  // than there are threads, so that no thread starves; writes wait until a batch is ready or
+  // nothing is left to quantize; otherwise quantizing comes first.
   Io next_io() const {
-    if (io_busy_) return Io::kNone;
-    const bool can_write = next_write_ < stop_at_ && done_[next_write_];
-    const bool can_read = next_read_ < stop_at_ && next_read_ - next_write_ < window_;
-    if (can_read && next_read_ - next_take_ < static_cast<std::size_t>(threads_)) return Io::kRead;
-    if (can_write) return Io::kWrite;
-    return can_read ? Io::kRead : Io::kNone;
+    if (can_read() && next_read_ - next_take_ < static_cast<std::size_t>(threads_))
+      return Io::kRead;
+    const std::size_t w = writable();
+    if (w > 0 && (w == kIoBatch || !can_compute())) return Io::kWrite;
+    if (can_compute()) return Io::kNone;
+    if (can_read()) return Io::kRead;
+    return w > 0 ? Io::kWrite : Io::kNone;
   }
 
   // One thread's loop: runs until every slab is written or, after an error, until nothing
@@ -421,10 +434,10 @@ class Pipeline {
   void work() {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      const Io io = next_io();
+      const Io io = io_busy_ ? Io::kNone : next_io();
       if (io != Io::kNone) {
         io_step(io, &lock);
-      } else if (next_take_ < std::min(next_read_, stop_at_)) {
+      } else if (can_compute()) {
         compute_step(&lock);
       } else if (io_busy_ || in_flight_ > 0) {
         cv_.wait(lock);  // whoever is busy changes the state and wakes everyone
@@ -434,8 +447,21 @@ class Pipeline {
     }
   }
 
+  // One HDF5 turn: up to kIoBatch reads (or writes) of consecutive slabs, each published as soon
+  // as it is done. Several slabs per turn keep the library's code and metadata cache warm, which
+  // a compute step in between evicts.
   void io_step(Io io, std::unique_lock<std::mutex>* lock) {
     io_busy_ = true;
+    for (std::size_t n = 0; n < kIoBatch; ++n) {
+      const bool more = io == Io::kRead ? can_read() : writable() > 0;
+      if (!more || !io_one(io, lock)) break;
+    }
+    io_busy_ = false;
+    cv_.notify_all();
+  }
+
+  // Reads or writes the next slab (called under mu_, with the HDF5 turn held); false on error.
+  bool io_one(Io io, std::unique_lock<std::mutex>* lock) {
     const std::size_t i = io == Io::kRead ? next_read_ : next_write_;
     std::unique_ptr<SlabJob> job = io == Io::kWrite ? std::move(jobs_[i]) : nullptr;
     lock->unlock();
@@ -455,16 +481,18 @@ class Pipeline {
       error = std::current_exception();
     }
     lock->lock();
-    io_busy_ = false;
     if (error) {
       fail_at(i, error);
-    } else if (io == Io::kRead) {
+      return false;
+    }
+    if (io == Io::kRead) {
       jobs_[i] = std::move(job);
       ++next_read_;
+      cv_.notify_all();  // a waiting thread can take the slab now
     } else {
       ++next_write_;
     }
-    cv_.notify_all();
+    return true;
   }
 
   void compute_step(std::unique_lock<std::mutex>* lock) {
@@ -500,6 +528,7 @@ class Pipeline {
   const TileReader& reader_;
   QuantizedFileWriter* writer_;
   const std::vector<SlabRef> slabs_;
+  static constexpr std::size_t kIoBatch = 16;  // slabs per HDF5 turn at most
   const int threads_;
   const std::size_t window_;
   QuantizeReport* rep_;  // written by the thread that holds the HDF5 turn

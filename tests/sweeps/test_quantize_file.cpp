@@ -5,6 +5,7 @@
 // count.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -251,6 +252,73 @@ TEST_F(QuantizeFileTest, TheFirstBadSlabInFileOrderIsReportedWhateverTheThreadCo
     }
     for (const auto& entry : fs::directory_iterator(dir_))  // no output, no temporary file
       EXPECT_EQ(entry.path(), tiles);
+  }
+}
+
+// A tile file of one sequence with `layers` x `heads` slabs of `tokens` x 64 smooth values.
+fs::path many_slab_tiles(const fs::path& p, int layers, int heads, int tokens) {
+  constexpr int kDim = 64;
+  TileFileInfo info;
+  info.model = "synthetic";
+  info.num_layers = layers;
+  info.num_kv_heads = heads;
+  info.num_q_heads = heads;
+  info.head_dim = kDim;
+  info.source = "synthetic (test_quantize_file.cpp)";
+  for (int l = 0; l < layers; ++l) info.layers.push_back(l);
+  SequenceData seq;
+  seq.prompt_id = "synthetic";
+  seq.token_ids.assign(tokens, 1);
+  const std::size_t n = static_cast<std::size_t>(layers) * heads * tokens * kDim;
+  seq.k.resize(n);
+  seq.v.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    seq.k[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i % 100003)) * 3.0);
+    seq.v[i] = static_cast<float>(std::cos(0.11 * static_cast<double>(i % 99991)));
+  }
+  TileWriter w(p, info, true);
+  w.add_sequence(seq);
+  w.finish();
+  return p;
+}
+
+TEST_F(QuantizeFileTest, ManySlabsAreWrittenInOrderInBatchesWhateverTheThreadCount) {
+  // 6 layers x 8 heads = 48 slabs: several full HDF5 turns of reads and writes and a last,
+  // partial one.
+  const fs::path tiles = many_slab_tiles(dir_ / "many.h5", 6, 8, 200);
+  const fs::path one = run("kvarn_k4v2_g64", tiles, true, 1, "many_1.h5");
+  const Fingerprint a = fingerprint(one);
+  ASSERT_EQ(a.datasets.size(), 48u * 14u);  // 12 as without reconstruction, k_hat and v_hat
+  for (int threads : {2, 3, 8}) {
+    SCOPED_TRACE(threads);
+    const std::string name = "many_" + std::to_string(threads) + ".h5";
+    expect_same(a, fingerprint(run("kvarn_k4v2_g64", tiles, true, threads, name)), name);
+  }
+  QuantizedFileReader r(one);
+  ASSERT_EQ(r.slabs().size(), 48u);
+  for (std::size_t i = 0; i < r.slabs().size(); ++i) {
+    EXPECT_EQ(r.slabs()[i].model_layer, static_cast<int>(i) / 8);
+    EXPECT_EQ(r.slabs()[i].head, static_cast<int>(i) % 8);
+  }
+}
+
+TEST_F(QuantizeFileTest, ABadSlabAfterWholeBatchesIsReportedAndNothingIsLeft) {
+  // Slab 41 (layer 5, head 1) holds a NaN: the slabs before it are quantized and written in
+  // full batches first, and the error is still that slab's, with no file left behind.
+  const fs::path tiles = many_slab_tiles(dir_ / "bad_many.h5", 6, 8, 200);
+  put_half(tiles, "/sequences/000000/k", 5, 1, 0, 5, 0x7e00);  // NaN
+  for (int threads : {1, 2, 3}) {
+    SCOPED_TRACE(threads);
+    try {
+      run("kvarn_k4v2_g64", tiles, false, threads, "bad_many_out.h5");
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("non-finite value (nan) at [layer 5, head 1, token 0, channel 5]"),
+                std::string::npos)
+          << msg;
+    }
+    for (const auto& entry : fs::directory_iterator(dir_)) EXPECT_EQ(entry.path(), tiles);
   }
 }
 
