@@ -563,12 +563,12 @@ CaptureResult run_capture(const CaptureOptions& o) {
   // Sequences are independent runs: on the CPU a wave of them runs side by side, one thread each
   // (kvarn/runner/parallel.hpp), and the wave is written in order.
   const int n = static_cast<int>(seqs.size());
-  const int workers = o.device == "cpu" ? run_workers(n, o.num_threads) : 1;
-  for (int w0 = 0; w0 < n; w0 += workers) {
-    const int wn = std::min(workers, n - w0);
+  const RunPlan plan = plan_runs(n, o.num_threads, o.device);
+  for (int w0 = 0; w0 < n; w0 += plan.workers) {
+    const int wn = std::min(plan.workers, n - w0);
     std::vector<int> generated(static_cast<std::size_t>(wn));
     std::vector<std::optional<SequenceCapture>> wave(static_cast<std::size_t>(wn));
-    for_each_run(wn, workers, [&](int i) {
+    for_each_run(wn, plan, [&](int i) {
       const std::size_t si = static_cast<std::size_t>(w0 + i);
       PreparedSequence& s = seqs[si];
       check_cancel(o);

@@ -81,19 +81,21 @@ std::string reference_key(const AccumulationModel& m, const AccumulationSettings
          std::to_string(o.free_running);
 }
 
-// The fp16 reference of every prompt under one policy, computed where the memo lacks it (on
-// `workers` threads, one prompt each).
+// The fp16 reference of every prompt under one policy, computed where the memo lacks it (spread
+// as `plan` says, one prompt per run).
 std::vector<const AccumulationReference*> references_for(const Runner& r,
                                                          const AccumulationModel& m,
                                                          const AccumulationSettings& a,
                                                          const std::string& current_token,
-                                                         int workers) {
-  const std::size_t P = a.prompt_ids.size();
+                                                         const RunPlan& plan) {
+  std::vector<std::string> keys;
   std::vector<std::size_t> missing;
-  for (std::size_t p = 0; p < P; ++p)
-    if (!memo().refs.count(reference_key(m, a, p, current_token))) missing.push_back(p);
+  for (std::size_t p = 0; p < a.prompt_ids.size(); ++p) {
+    keys.push_back(reference_key(m, a, p, current_token));
+    if (!memo().refs.count(keys.back())) missing.push_back(p);
+  }
   std::vector<AccumulationReference> fresh(missing.size());
-  for_each_run(static_cast<int>(missing.size()), workers, [&](int i) {
+  for_each_run(static_cast<int>(missing.size()), plan, [&](int i) {
     const std::size_t p = missing[static_cast<std::size_t>(i)];
     // Token-id prompts need no tokenizer (builds without PCRE2, e.g. the GPU image).
     const bool has_ids = p < a.prompt_token_ids.size() && !a.prompt_token_ids[p].empty();
@@ -103,10 +105,9 @@ std::vector<const AccumulationReference*> references_for(const Runner& r,
         accumulation_reference(r.model(), ids, options_of(a, p, current_token));
   });
   for (std::size_t i = 0; i < missing.size(); ++i)
-    memo().refs.emplace(reference_key(m, a, missing[i], current_token), std::move(fresh[i]));
+    memo().refs.emplace(keys[missing[i]], std::move(fresh[i]));
   std::vector<const AccumulationReference*> refs;
-  for (std::size_t p = 0; p < P; ++p)
-    refs.push_back(&memo().refs.at(reference_key(m, a, p, current_token)));
+  for (const std::string& key : keys) refs.push_back(&memo().refs.at(key));
   return refs;
 }
 
@@ -382,10 +383,10 @@ AccumulationCase run_accumulation_case(const SweepConfig& cfg, const CaseSpec& c
     const Runner& r = runner_for(m, a);
     // Prompts are independent runs: on the CPU they run side by side, one thread each.
     const int P = static_cast<int>(a.prompt_ids.size());
-    const int workers = a.device == "cpu" ? run_workers(P, a.threads) : 1;
-    const std::vector<const AccumulationReference*> refs = references_for(r, m, a, policy, workers);
+    const RunPlan plan = plan_runs(P, a.threads, a.device);
+    const std::vector<const AccumulationReference*> refs = references_for(r, m, a, policy, plan);
     std::vector<AccumulationResult> results(a.prompt_ids.size());
-    for_each_run(P, workers, [&](int p) {
+    for_each_run(P, plan, [&](int p) {
       const std::size_t i = static_cast<std::size_t>(p);
       results[i] = run_accumulation(r.model(), *refs[i], cs.spec, options_of(a, i, policy));
     });

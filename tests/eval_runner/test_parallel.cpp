@@ -19,16 +19,16 @@ namespace {
 TEST(ForEachRun, EveryItemRunsOnceWhateverTheWorkers) {
   for (int workers : {1, 2, 3, 8}) {
     std::vector<std::atomic<int>> seen(17);
-    for_each_run(17, workers, [&](int i) { ++seen[static_cast<std::size_t>(i)]; });
+    for_each_run(17, RunPlan{workers, true}, [&](int i) { ++seen[static_cast<std::size_t>(i)]; });
     for (std::size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i].load(), 1) << i;
   }
-  for_each_run(0, 2, [](int) { FAIL() << "no item to run"; });
+  for_each_run(0, RunPlan{2, true}, [](int) { FAIL() << "no item to run"; });
 }
 
 TEST(ForEachRun, TheLowestFailingItemIsRethrown) {
   for (int workers : {1, 2, 4}) {
     try {
-      for_each_run(8, workers, [](int i) {
+      for_each_run(8, RunPlan{workers, true}, [](int i) {
         if (i == 3 || i == 5) throw std::runtime_error("item " + std::to_string(i));
       });
       FAIL() << "expected a failure, " << workers << " workers";
@@ -38,11 +38,19 @@ TEST(ForEachRun, TheLowestFailingItemIsRethrown) {
   }
 }
 
-TEST(ForEachRun, WorkersFollowTheBudget) {
-  EXPECT_EQ(run_workers(16, 2), 2);
-  EXPECT_EQ(run_workers(1, 8), 1);
-  EXPECT_EQ(run_workers(0, 4), 1);
-  EXPECT_GE(run_workers(16, 0), 1);
+TEST(ForEachRun, PlanFollowsTheBudgetAndTheDevice) {
+  const RunPlan cpu = plan_runs(16, 2, "cpu");
+  EXPECT_EQ(cpu.workers, 2);
+  EXPECT_TRUE(cpu.single_thread_runs);
+  EXPECT_EQ(plan_runs(1, 8, "cpu").workers, 1);
+  EXPECT_TRUE(plan_runs(1, 8, "cpu").single_thread_runs) << "one CPU run is still one thread";
+  EXPECT_EQ(plan_runs(0, 4, "cpu").workers, 1);
+  EXPECT_GE(plan_runs(16, 0, "cpu").workers, 1);
+  for (const char* gpu : {"cuda", "cuda:1"}) {
+    const RunPlan g = plan_runs(16, 8, gpu);
+    EXPECT_EQ(g.workers, 1) << gpu;
+    EXPECT_FALSE(g.single_thread_runs) << gpu << ": torch's threads are left as they are";
+  }
 }
 
 // Accumulation runs of four prompts on 1, 2 and 3 workers give the same arrays, value for value.
@@ -63,7 +71,7 @@ TEST(ForEachRun, AccumulationRunsAreIdenticalOnAnyWorkerCount) {
   }
   auto run_all = [&](int workers) {
     std::vector<std::string> out(refs.size());
-    for_each_run(4, workers, [&](int p) {
+    for_each_run(4, RunPlan{workers, true}, [&](int p) {
       const auto i = static_cast<std::size_t>(p);
       out[i] =
           to_json(run_accumulation(*model, refs[i], "kivi:bits=2,group=8,residual=8", o)).dump();
