@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kvarn/data/error.hpp"
+#include "kvarn/eval/gemm.hpp"
 
 #ifndef KVARN_GIT_COMMIT_CONFIGURE
 #define KVARN_GIT_COMMIT_CONFIGURE "unknown"
@@ -291,6 +292,8 @@ nlohmann::json collect_provenance(const nlohmann::json& extra) {
 #endif
   j["libraries"] = libs;
   j["cpu"] = cpu_model();
+  // The CPU attention metrics' products: their values differ at rounding level between builds.
+  j["attention_gemm"] = gemm::uses_avx2() ? "avx2+fma" : "baseline";
   const std::string gpu =
       run_capture("nvidia-smi --query-gpu=name,driver_version --format=csv,noheader");
   if (gpu.empty()) {

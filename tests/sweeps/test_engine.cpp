@@ -96,8 +96,8 @@ TEST_F(EngineTest, CaseRecordArraysAndProvenance) {
   EXPECT_TRUE(fs::exists(r.run_dir / "provenance" /
                          (rec["provenance_digest"].get<std::string>() + ".json")));
   const json prov = read_json_file(r.run_dir / "provenance.json");
-  for (const char* k : {"git", "build_type", "compiler", "libraries", "cpu", "hostname", "date",
-                        "seeds", "command"}) {
+  for (const char* k : {"git", "build_type", "compiler", "libraries", "cpu", "attention_gemm",
+                        "hostname", "date", "seeds", "command"}) {
     EXPECT_TRUE(prov.contains(k)) << k;
   }
   EXPECT_EQ(rec["slabs"].size(), 4u);      // 1 sequence x 2 layers x 2 KV heads

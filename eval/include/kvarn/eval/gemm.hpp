@@ -19,7 +19,7 @@ void scaled_abt(View a, View b, double scale, double* out);
 // out (a.rows x b.cols, row-major, contiguous) = a * b.
 void ab(View a, View b, double* out);
 
-// Whether the AVX2 + FMA build is the one in use (for tests and provenance).
+// Whether the AVX2 + FMA build is the one in use (tests; the run provenance's attention_gemm).
 bool uses_avx2();
 
 // Each build on its own (tests compare them).
