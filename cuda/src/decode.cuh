@@ -476,9 +476,13 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
       float qsum[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum_d q'' of heads 2c, 2c + 1 (fp16 operands)
 #pragma unroll
       for (int s = 0; s < KS; ++s) mma_16816(qsum, ones_a, kb[s]);
-      // The codes enter the mma as 1024 + c 2^(f KB) (field f = token % kPackK), so the k-chain
-      // starts at qz 2^(f KB) / kscale - 1024 sum_d q'': it ends at (kscale sum_d q'' code + qz)
-      // 2^(f KB) / kscale, and one multiply by s_row_k kscale 2^(-f KB) gives the score.
+      // The codes enter the mma as 1024 + c 2^(f KB) (field f = token % kPackK): the k-chain plus
+      // kin = qz 2^(f KB) / kscale - 1024 sum_d q'' is (kscale sum_d q'' code + qz) 2^(f KB) /
+      // kscale, and one multiply by s_row_k kscale 2^(-f KB) gives the score. Two warps start
+      // the chain at kin (no add per score); one warp adds it after the chain, so that the QK
+      // mma need not wait for the sum_d q'' mma (H200, k4v2: 1.01-1.04x at batch 32-128; k4v4
+      // on two warps 0.97x that way at batch 128).
+      constexpr bool kInitQk = T::kWarps > 1;
       float kin[T::kPackK][2];
 #pragma unroll
       for (int f = 0; f < T::kPackK; ++f)
@@ -511,7 +515,8 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
           }
           if (s == 0) {  // rows 2m, 2m + 1 of the lane's tokens: fields (2m) % P, (2m + 1) % P
             const int f0 = (2 * m) % T::kPackK, f1 = (2 * m + 1) % T::kPackK;
-            const float init[4] = {kin[f0][0], kin[f0][1], kin[f1][0], kin[f1][1]};
+            const float init[4] = {kInitQk ? kin[f0][0] : 0.0f, kInitQk ? kin[f0][1] : 0.0f,
+                                   kInitQk ? kin[f1][0] : 0.0f, kInitQk ? kin[f1][1] : 0.0f};
             mma_16816_c(sc[m], af, kb[0], init);
           } else {
             mma_16816(sc[m], af, kb[s]);
@@ -529,7 +534,10 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
 #pragma unroll
       for (int m = 0; m < T::kMT; ++m)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) sc[m][r] *= sr[2 * m + (r >> 1)];
+        for (int r = 0; r < 4; ++r) {
+          const int t = 2 * m + (r >> 1);
+          sc[m][r] = (kInitQk ? sc[m][r] : sc[m][r] + kin[t % T::kPackK][r & 1]) * sr[t];
+        }
       if (n_valid < G) {  // only a sequence's last record is partial: no mask on full ones
 #pragma unroll
         for (int m = 0; m < T::kMT; ++m)
