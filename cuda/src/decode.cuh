@@ -40,12 +40,13 @@
 //       p'' = p * s_row_v / vmax in fp16.
 //     Codes become fp16 1024 + c 2^(f bits) with the 0x6400 magic exponent and one lop3
 //     (codes_raw, no hfma2): K fragments pair two channel rows (prmt of the two rows' bytes), V
-//     fragments pair two token rows. The 1024 offset and the zero-point sums enter as the MMA
-//     accumulator's initial value: (sum zp term) 2^(f bits) / kmax - 1024 sum_d q'' (QK, one
-//     chain per record) and the same with sum_t p zp_v, vmax and sum_t p'' per PV chain of at
-//     most 64 tokens (the sums of q'' / p'' by one mma of the B fragment against a ones A
-//     fragment per k-step); one multiply (QK: by s_row_k kmax 2^(-f bits)) or one fma (PV: by
-//     s_col_v vmax 2^(-f bits)) per element finishes the item.
+//     fragments pair two token rows. The 1024 offset and the zero-point sums are one term per
+//     field and head: QK: qz 2^(f bits) / kmax - 1024 sum_d q'' (the chain's start value on
+//     two warps, added after the chain on one), PV: the same with sum_t p zp_v, vmax and
+//     sum_t p'', the start value of each PV chain of at most 64 tokens (the sums of q'' / p''
+//     by one mma of the B fragment against a ones A fragment per k-step); one multiply (QK: by
+//     s_row_k kmax 2^(-f bits)) or one fma (PV: by s_col_v vmax 2^(-f bits)) per element
+//     finishes the item.
 //     Token order inside a record (warp w, T = G / W tokens each): M-tile m, row g + 8 e <->
 //     token w T + g T / 8 + 2 m + e, so each lane reads T / 8 consecutive tokens of a channel row
 //     with one load.
