@@ -142,6 +142,16 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+// d = a * b + cin (the accumulator chain starts at cin instead of 0).
+__device__ __forceinline__ void mma_16816_c(float (&d)[4], const std::uint32_t (&a)[4],
+                                            const std::uint32_t (&b)[2], const float (&cin)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%11,%12,%13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(cin[0]), "f"(cin[1]),
+        "f"(cin[2]), "f"(cin[3]));
+}
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i; r[i] holds
 // (row g, elements 2c, 2c+1) of matrix i.
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* smem) {
@@ -239,6 +249,14 @@ __device__ __forceinline__ void fwht_fragments(float (&qf)[KS][4], int c) {
 __device__ __forceinline__ float fast_exp2(float x) {
   float r;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+
+// 1 / x by the SFU alone (rcp.approx.ftz, within 1 ulp): for scale normalizations that are
+// multiplied back (x (1 / x) = 1 within 1e-7), where the IEEE division's fix-up path is waste.
+__device__ __forceinline__ float fast_rcp(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
   return r;
 }
 

@@ -40,9 +40,13 @@
 //       p'' = p * s_row_v / vmax in fp16.
 //     Codes become fp16 1024 + c 2^(f bits) with the 0x6400 magic exponent and one lop3
 //     (codes_raw, no hfma2): K fragments pair two channel rows (prmt of the two rows' bytes), V
-//     fragments pair two token rows. The 1024 offset is removed per record (PV: per chain of at
-//     most 64 tokens) with sum_d q'' / sum_t p'' (one mma of the B fragment against a ones A
-//     fragment per k-step) and the 2^(f bits) factor of field f folds into kmax / vmax.
+//     fragments pair two token rows. The 1024 offset and the zero-point sums are one term per
+//     field and head: QK: qz 2^(f bits) / kmax - 1024 sum_d q'' (the chain's start value on
+//     two warps, added after the chain on one), PV: the same with sum_t p zp_v, vmax and
+//     sum_t p'', the start value of each PV chain of at most 64 tokens (the sums of q'' / p''
+//     by one mma of the B fragment against a ones A fragment per k-step); one multiply (QK: by
+//     s_row_k kmax 2^(-f bits)) or one fma (PV: by s_col_v vmax 2^(-f bits)) per element
+//     finishes the item.
 //     Token order inside a record (warp w, T = G / W tokens each): M-tile m, row g + 8 e <->
 //     token w T + g T / 8 + 2 m + e, so each lane reads T / 8 consecutive tokens of a channel row
 //     with one load.
@@ -164,10 +168,25 @@ __device__ __forceinline__ void load_scales(const unsigned char* p, int fp8, flo
     }
   }
 }
-// Two consecutive scales at element index i (i even).
-__device__ __forceinline__ float2 load_scale_pair(const unsigned char* p, int i, int fp8) {
-  if (fp8) return unpack_half2(e4m3x2_to_half2(*reinterpret_cast<const unsigned short*>(p + i)));
-  return unpack_half2(*reinterpret_cast<const std::uint32_t*>(p + 2 * i));
+// Absolute maximum of an array by a tree (depth log2 N instead of a chain of N dependent max).
+template <int N>
+__device__ __forceinline__ float abs_max(const float (&v)[N]) {
+  float t[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) t[i] = fabsf(v[i]);
+#pragma unroll
+  for (int h = 1; h < N; h <<= 1)
+#pragma unroll
+    for (int i = 0; i + h < N; i += 2 * h) t[i] = fmaxf(t[i], t[i + h]);
+  return t[0];
+}
+template <int N>
+__device__ __forceinline__ float abs_max(const float (&v)[N][4]) {
+  float t[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    t[i] = fmaxf(fmaxf(fabsf(v[i][0]), fabsf(v[i][1])), fmaxf(fabsf(v[i][2]), fabsf(v[i][3])));
+  return abs_max<N>(t);
 }
 
 // prmt selector (an immediate): byte k of a -> byte 0, byte k of b -> byte 2.
@@ -252,6 +271,22 @@ template <KvFormat F>
 __device__ __forceinline__ int q_channel(int s, int c, int e) {
   if constexpr (F == KvFormat::kFp8) return 16 * s + 4 * c + e;
   return 16 * s + 2 * c + (e & 1) + 8 * (e >> 1);
+}
+
+// The column scales of a KVarN record at the lane's q' channels (q_channel), fp16 or e4m3.
+template <int KS, KvFormat F, bool kFp8>
+__device__ __forceinline__ void load_col_scales(const unsigned char* p, int c, float (&sk)[KS][4]) {
+#pragma unroll
+  for (int s = 0; s < KS; ++s)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int i = q_channel<F>(s, c, e);  // even
+      const float2 v =
+          kFp8 ? unpack_half2(e4m3x2_to_half2(*reinterpret_cast<const unsigned short*>(p + i)))
+               : unpack_half2(*reinterpret_cast<const std::uint32_t*>(p + 2 * i));
+      sk[s][e] = v.x;
+      sk[s][e + 1] = v.y;
+    }
 }
 
 }  // namespace detail
@@ -406,23 +441,20 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
       const std::uint32_t magic = a.code_magic;
       const int tb = warp * T::kTok;  // this warp's first record token
       const int sb = a.fp8_scales ? 1 : 2;  // bytes per row scale
-      // q'' = q * s_col_k / kmax (fp16 B fragments); qz = sum_d q zp_k for head g
+      // q'' = q * s_col_k / kscale (fp16 B fragments), kscale = kmax (1 when every column scale
+      // is 0, so the zero-point term below survives); qz = sum_d q zp_k for head g
       float sk[KS][4];
-      float kmax = 0.0f;
+      if (a.fp8_scales) {  // one branch for the block (per-pair selects issued both paths)
+        detail::load_col_scales<KS, F, true>(rec + a.s_col_k, c, sk);
+      } else {
+        detail::load_col_scales<KS, F, false>(rec + a.s_col_k, c, sk);
+      }
       // qz = sum_d q zp_k per head by mma: A = zp_k broadcast to all 16 rows (the lane's raw fp16
       // pairs are exactly the A fragment), B = the fp16 query; C row g, columns 2c, 2c + 1 are
       // heads 2c, 2c + 1. Replaces 32 conversions + 32 fma + 4 shuffles per lane.
       float qzc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (int s = 0; s < KS; ++s) {
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const float2 sc2 =
-              detail::load_scale_pair(rec + a.s_col_k, detail::q_channel<F>(s, c, e), a.fp8_scales);
-          sk[s][e] = sc2.x;
-          sk[s][e + 1] = sc2.y;
-          kmax = fmaxf(kmax, fmaxf(fabsf(sc2.x), fabsf(sc2.y)));
-        }
         const std::uint32_t z0 = *reinterpret_cast<const std::uint32_t*>(
             rec + a.zp_k + 2 * detail::q_channel<F>(s, c, 0));
         const std::uint32_t z2 = *reinterpret_cast<const std::uint32_t*>(
@@ -430,28 +462,37 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
         const std::uint32_t za[4] = {z0, z0, z2, z2};
         mma_16816(qzc, za, qb[s]);
       }
+      float kmax = detail::abs_max<KS>(sk);
       kmax = fmaxf(kmax, __shfl_xor_sync(0xffffffffu, kmax, 1));
       kmax = fmaxf(kmax, __shfl_xor_sync(0xffffffffu, kmax, 2));
-      const float kinv = kmax > 0.0f ? 1.0f / kmax : 0.0f;
+      const float kscale = kmax > 0.0f ? kmax : 1.0f, kinv = fast_rcp(kscale);
       std::uint32_t kb[KS][2];
 #pragma unroll
       for (int s = 0; s < KS; ++s) {
         kb[s][0] = pack_half2(qf[s][0] * (sk[s][0] * kinv), qf[s][1] * (sk[s][1] * kinv));
         kb[s][1] = pack_half2(qf[s][2] * (sk[s][2] * kinv), qf[s][3] * (sk[s][3] * kinv));
       }
-      const float qz_h[2] = {qzc[0], qzc[1]};
       constexpr std::uint32_t kOnes = 0x3C003C00u;
       const std::uint32_t ones_a[4] = {kOnes, kOnes, kOnes, kOnes};
       float qsum[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum_d q'' of heads 2c, 2c + 1 (fp16 operands)
 #pragma unroll
       for (int s = 0; s < KS; ++s) mma_16816(qsum, ones_a, kb[s]);
+      // The codes enter the mma as 1024 + c 2^(f KB) (field f = token % kPackK): the k-chain plus
+      // kin = qz 2^(f KB) / kscale - 1024 sum_d q'' is (kscale sum_d q'' code + qz) 2^(f KB) /
+      // kscale, and one multiply by s_row_k kscale 2^(-f KB) gives the score. Two warps start
+      // the chain at kin (no add per score); one warp adds it after the chain, so that the QK
+      // mma need not wait for the sum_d q'' mma (H200, k4v2: 1.01-1.04x at batch 32-128; k4v4
+      // on two warps 0.97x that way at batch 128).
+      constexpr bool kInitQk = T::kWarps > 1;
+      float kin[T::kPackK][2];
+#pragma unroll
+      for (int f = 0; f < T::kPackK; ++f)
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+          kin[f][k] = qzc[k] * (kinv * static_cast<float>(1 << (f * KB))) - 1024.0f * qsum[k];
 
       // S^T = K codes x q'': lane reads channel rows 16 s + 2c + {0, 1, 8, 9}
       float sc[T::kMT][4];
-#pragma unroll
-      for (int m = 0; m < T::kMT; ++m)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) sc[m][r] = 0.0f;
       const unsigned char* kc = rec + tb / T::kPackK + g * T::kKThr;
 #pragma unroll
       for (int s = 0; s < KS; ++s) {
@@ -473,28 +514,30 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
             af[e] = codes_raw_at<KB, T::kPackK>(x0, i, magic);
             af[2 + e] = codes_raw_at<KB, T::kPackK>(x1, i, magic);
           }
-          mma_16816(sc[m], af, kb[s]);
+          if (s == 0) {  // rows 2m, 2m + 1 of the lane's tokens: fields (2m) % P, (2m + 1) % P
+            const int f0 = (2 * m) % T::kPackK, f1 = (2 * m + 1) % T::kPackK;
+            const float init[4] = {kInitQk ? kin[f0][0] : 0.0f, kInitQk ? kin[f0][1] : 0.0f,
+                                   kInitQk ? kin[f1][0] : 0.0f, kInitQk ? kin[f1][1] : 0.0f};
+            mma_16816_c(sc[m], af, kb[0], init);
+          } else {
+            mma_16816(sc[m], af, kb[s]);
+          }
         }
       }
       // scores: token g * G / 8 + 2 m + e
       float sr[T::kTokThr];
       detail::load_scales<T::kTokThr>(rec + a.s_row_k + (tb + g * T::kTokThr) * sb, a.fp8_scales,
                                       sr);
-      // sum_d q'' code = (acc - 1024 sum_d q'') 2^(-f KB), field f = token % kPackK
-      float ka[T::kPackK], kz[T::kPackK][2];
 #pragma unroll
-      for (int f = 0; f < T::kPackK; ++f) {
-        ka[f] = kmax * (1.0f / static_cast<float>(1 << (f * KB)));
-        kz[f][0] = qz_h[0] - ka[f] * 1024.0f * qsum[0];
-        kz[f][1] = qz_h[1] - ka[f] * 1024.0f * qsum[1];
-      }
+      for (int t = 0; t < T::kTokThr; ++t)
+        sr[t] *= kscale * (1.0f / static_cast<float>(1 << ((t % T::kPackK) * KB)));
       const int tok0 = tb + g * T::kTokThr;
 #pragma unroll
       for (int m = 0; m < T::kMT; ++m)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const int t = 2 * m + (r >> 1), f = t % T::kPackK;
-          sc[m][r] = sr[t] * (ka[f] * sc[m][r] + kz[f][r & 1]);
+          const int t = 2 * m + (r >> 1);
+          sc[m][r] = (kInitQk ? sc[m][r] : sc[m][r] + kin[t % T::kPackK][r & 1]) * sr[t];
         }
       if (n_valid < G) {  // only a sequence's last record is partial: no mask on full ones
 #pragma unroll
@@ -505,18 +548,24 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
       }
       float alpha[2];
       detail::online_softmax<T::kMT>(sc, m_run, l_run, alpha);
+      // alpha is exactly 1 unless a running max grew: skip the rescale when no lane's did
+      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+        for (int mt = 0; mt < KS; ++mt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) o[mt][r] *= alpha[r & 1];
+      }
 
-      // P'' = p * s_row_v / vmax (whole record); PV in chains of kPvMT k-steps (64 tokens)
+      // P'' = p * s_row_v / vscale (whole record; vscale = vmax, or 1 when every row scale is
+      // 0); PV in chains of kPvMT k-steps (64 tokens)
       float sv[T::kTokThr], zv[T::kTokThr];
       detail::load_scales<T::kTokThr>(rec + a.s_row_v + (tb + g * T::kTokThr) * sb, a.fp8_scales,
                                       sv);
       detail::load_scales<T::kTokThr>(rec + a.zp_v + (tb + g * T::kTokThr) * 2, 0, zv);
-      float vmax = 0.0f;
-#pragma unroll
-      for (int t = 0; t < T::kTokThr; ++t) vmax = fmaxf(vmax, fabsf(sv[t]));
+      float vmax = detail::abs_max<T::kTokThr>(sv);
 #pragma unroll
       for (int o2 = 4; o2 < 32; o2 <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o2));
-      const float vinv = vmax > 0.0f ? 1.0f / vmax : 0.0f;
+      const float vscale = vmax > 0.0f ? vmax : 1.0f, vinv = fast_rcp(vscale);
       std::uint32_t pb[T::kMT][2];
 #pragma unroll
       for (int m = 0; m < T::kMT; ++m) {
@@ -524,10 +573,23 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
         pb[m][0] = movmatrix_trans(pack_half2(sc[m][0] * s0, sc[m][1] * s0));
         pb[m][1] = movmatrix_trans(pack_half2(sc[m][2] * s1, sc[m][3] * s1));
       }
-      // The codes enter the mma as 1024 + c 2^(f VB): each chain's fp32 accumulator is about
-      // 1024 sum_t p'' before the bias comes off, so a chain covers at most 64 tokens (longer
-      // chains lost precision: NMSE 3.5e-4 instead of 4.8e-5 on 40K-token uniform attention).
+      // The codes enter the mma as 1024 + c 2^(f VB) (field f = channel % kPackV): each chain
+      // starts at (sum_t p zp_v) 2^(f VB) / vscale - 1024 sum_t p'' and ends at (vscale sum_t p''
+      // code + sum_t p zp_v) 2^(f VB) / vscale; one fma by s_col_v vscale 2^(-f VB) adds it to O.
+      // A chain covers at most 64 tokens: the accumulator passes through about 1024 sum_t p''
+      // (one 128-token chain, bias removed at the end, gave NMSE 3.5e-4 instead of 4.8e-5 on
+      // 40K-token uniform attention).
       constexpr int kPvMT = T::kMT < 4 ? T::kMT : 4;
+      // s_col_v vscale 2^(-f VB) of the lane's channels g D/8 + ch, loaded once per record (one
+      // warp: registers to spare) or per chain (two warps: capped at 168 registers)
+      float scv[D / 8];
+      auto load_scv = [&]() {
+        detail::load_scales<D / 8>(rec + a.s_col_v + g * (D / 8) * sb, a.fp8_scales, scv);
+#pragma unroll
+        for (int ch = 0; ch < D / 8; ++ch)  // g D/8 is a multiple of kPackV
+          scv[ch] *= vscale * (1.0f / static_cast<float>(1 << ((ch % T::kPackV) * VB)));
+      };
+      if constexpr (T::kWarps == 1) load_scv();
 #pragma unroll
       for (int m0 = 0; m0 < T::kMT; m0 += kPvMT) {
         float pz[2] = {0.0f, 0.0f};  // sum_t p zp_v over the chain's tokens
@@ -544,21 +606,15 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
         float psum[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum_t p'' of heads 2c, 2c + 1
 #pragma unroll
         for (int m = m0; m < m0 + kPvMT; ++m) mma_16816(psum, ones_a, pb[m]);
-        // sum_t p'' code = (acc - 1024 sum_t p'') 2^(-f VB), field f = channel % kPackV
-        float va[T::kPackV], vz[T::kPackV][2];
+        float vin[T::kPackV][2];
 #pragma unroll
-        for (int f = 0; f < T::kPackV; ++f) {
-          va[f] = vmax * (1.0f / static_cast<float>(1 << (f * VB)));
-          vz[f][0] = pz[0] - va[f] * 1024.0f * psum[0];
-          vz[f][1] = pz[1] - va[f] * 1024.0f * psum[1];
-        }
+        for (int f = 0; f < T::kPackV; ++f)
+#pragma unroll
+          for (int k = 0; k < 2; ++k)
+            vin[f][k] = pz[k] * (vinv * static_cast<float>(1 << (f * VB))) - 1024.0f * psum[k];
 
         // O^T tile = V codes^T x P'': k-step m pairs token rows t0 = 2c G/8 + 2m and t0 + G/8
         float co[KS][4];
-#pragma unroll
-        for (int i = 0; i < KS; ++i)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) co[i][r] = 0.0f;
         const unsigned char* vc = rec + a.v_codes + tb * T::kVRow + g * T::kVThr;
 #pragma unroll
         for (int m = m0; m < m0 + kPvMT; ++m) {
@@ -580,20 +636,20 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
               af[e] = codes_raw_at<VB, T::kPackV>(x0, i, magic);
               af[2 + e] = codes_raw_at<VB, T::kPackV>(x1, i, magic);
             }
-            mma_16816(co[mt], af, pb[m]);
+            if (m == m0) {  // channels 2mt, 2mt + 1 of the lane: fields (2mt) % P, (2mt + 1) % P
+              const int f0 = (2 * mt) % T::kPackV, f1 = (2 * mt + 1) % T::kPackV;
+              const float init[4] = {vin[f0][0], vin[f0][1], vin[f1][0], vin[f1][1]};
+              mma_16816_c(co[mt], af, pb[m], init);
+            } else {
+              mma_16816(co[mt], af, pb[m]);
+            }
           }
         }
-        float scv[D / 8];
-        detail::load_scales<D / 8>(rec + a.s_col_v + g * (D / 8) * (a.fp8_scales ? 1 : 2),
-                                   a.fp8_scales, scv);
+        if constexpr (T::kWarps != 1) load_scv();
 #pragma unroll
         for (int mt = 0; mt < KS; ++mt)
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int ch = 2 * mt + (r >> 1), f = ch % T::kPackV;  // g D/8: a multiple of kPackV
-            const float x = scv[ch] * (va[f] * co[mt][r] + vz[f][r & 1]);
-            o[mt][r] = m0 == 0 ? o[mt][r] * alpha[r & 1] + x : o[mt][r] + x;
-          }
+          for (int r = 0; r < 4; ++r) o[mt][r] = fmaf(scv[2 * mt + (r >> 1)], co[mt][r], o[mt][r]);
       }
     }
   };
