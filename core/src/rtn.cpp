@@ -19,9 +19,44 @@ float quantile_linear(const float* x, int n, float q) {
   return s[i] + (s[i + 1] - s[i]) * frac;
 }
 
+namespace {
+
+void row_min_max_sequential(const float* row, int cols, float& mn, float& mx) {
+  mn = row[0];
+  mx = row[0];
+  for (int c = 1; c < cols; ++c) {
+    mn = std::min(mn, row[c]);
+    mx = std::max(mx, row[c]);
+  }
+}
+
+// std::min / std::max folded over the row in order. Eight lanes seeded with row[0] vectorize and
+// give the same values: equal nonzero floats have equal bits, a NaN after row[0] is skipped by
+// both, a NaN row[0] sticks in both. Only the sign of a zero extreme depends on which zero came
+// first, so a zero result is decided by the sequential loop.
+inline void row_min_max(const float* row, int cols, float& mn, float& mx) {
+  if (cols % 8 != 0) return row_min_max_sequential(row, cols, mn, mx);
+  float lo[8], hi[8];
+  for (int j = 0; j < 8; ++j) lo[j] = hi[j] = row[0];
+  for (int c = 0; c < cols; c += 8) {
+    for (int j = 0; j < 8; ++j) {
+      lo[j] = row[c + j] < lo[j] ? row[c + j] : lo[j];
+      hi[j] = hi[j] < row[c + j] ? row[c + j] : hi[j];
+    }
+  }
+  mn = lo[0];
+  mx = hi[0];
+  for (int j = 1; j < 8; ++j) {
+    mn = std::min(mn, lo[j]);
+    mx = std::max(mx, hi[j]);
+  }
+  if (mn == 0.0f || mx == 0.0f) row_min_max_sequential(row, cols, mn, mx);
+}
+
+}  // namespace
+
 KVARN_SIMD_CLONES void rtn_rows(const float* x, int rows, int cols, const RtnParams& p,
-                                std::uint8_t* codes,
-              float* scale, float* lo) {
+                                std::uint8_t* codes, float* scale, float* lo) {
   KVARN_CHECK(p.bits >= 1 && p.bits <= 8, "RTN bits must be in 1..8, got ", p.bits);
   KVARN_CHECK(p.quantile >= 0.0f && p.quantile < 0.5f, "RTN quantile must be in [0, 0.5), got ",
               p.quantile);
@@ -33,12 +68,7 @@ KVARN_SIMD_CLONES void rtn_rows(const float* x, int rows, int cols, const RtnPar
       mn = quantile_linear(row, cols, p.quantile);
       mx = quantile_linear(row, cols, 1.0f - p.quantile);
     } else {
-      mn = row[0];
-      mx = row[0];
-      for (int c = 1; c < cols; ++c) {
-        mn = std::min(mn, row[c]);
-        mx = std::max(mx, row[c]);
-      }
+      row_min_max(row, cols, mn, mx);
     }
     const float s = std::max((mx - mn) / qmax, p.min_scale);
     scale[r] = s;

@@ -1,11 +1,16 @@
 #include "kvarn/core/varn.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
 
+#include "kvarn/core/cpu.hpp"
 #include "kvarn/core/portable_math.hpp"
 #include "kvarn/core/reduce.hpp"
 #include "kvarn/data/error.hpp"
 #include "simd.hpp"
+#include "varn_kernels.hpp"
 
 namespace kvarn {
 namespace {
@@ -23,42 +28,6 @@ float ratio(const std::vector<float>& s, float floor) {
 
 KVARN_SIMD_CLONES void row_stds(const float* x, int rows, int cols, std::vector<float>& out) {
   for (int r = 0; r < rows; ++r) out[r] = canonical_std(x + static_cast<size_t>(r) * cols, cols);
-}
-
-// a = src / by_col (column-wise; the first division of the upstream T / exp(log_sc) /
-// exp(log_sr)) and, in the same pass, the canonical stds of the rows of a / by_row (lane c % 8,
-// fixed tree; as canonical_std). a / by_row itself is not needed later, so each of its rows lives
-// only in a row buffer.
-KVARN_SIMD_CLONES void divide_cols_and_row_stds(const float* src, int rows, int cols,
-                                                const float* by_col, const float* by_row, float* a,
-                                                std::vector<float>& row_std) {
-  thread_local std::vector<float> row;
-  row.resize(cols);
-  float* cr = row.data();
-  for (int r = 0; r < rows; ++r) {
-    const float* s = src + static_cast<size_t>(r) * cols;
-    float* ar = a + static_cast<size_t>(r) * cols;
-    const float rr = by_row[r];
-    float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int c = 0; c < cols; c += 8) {
-      for (int j = 0; j < 8; ++j) {
-        const float av = s[c + j] / by_col[c + j];
-        ar[c + j] = av;
-        const float v = av / rr;
-        cr[c + j] = v;
-        p[j] += v;
-      }
-    }
-    const float m = combine8(p) / static_cast<float>(cols);
-    float q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int c = 0; c < cols; c += 8) {
-      for (int j = 0; j < 8; ++j) {
-        const float d = cr[c + j] - m;
-        q[j] += d * d;
-      }
-    }
-    row_std[r] = sqrt_rn(combine8(q) / static_cast<float>(cols - 1));
-  }
 }
 
 // Column stds in the canonical order of each column (lane = row % 8, rows in order, fixed tree),
@@ -92,69 +61,6 @@ KVARN_SIMD_CLONES void col_stds(const float* x, int rows, int cols, std::vector<
   }
 }
 
-// cur = a / by_row (row-wise) and, in the same two passes, the canonical stds of cur's rows (and
-// of its columns when WITH_COLS). Row order: lane c % 8 along the row; column order: lane r % 8
-// down the column (eight accumulator rows, vectorized across columns). Same values as
-// canonical_std on each row/column.
-template <bool WITH_COLS>
-KVARN_SIMD_CLONES void divide_and_stats(const float* a, int rows, int cols, const float* by_row,
-                                        float* cur, std::vector<float>& row_std,
-                                        std::vector<float>& col_std) {
-  thread_local std::vector<float> acc, row_mean, col_mean;
-  row_mean.resize(rows);
-  if (WITH_COLS) {
-    acc.assign(static_cast<size_t>(8) * cols, 0.0f);
-    col_mean.resize(cols);
-  }
-  for (int r = 0; r < rows; ++r) {
-    const float* ar = a + static_cast<size_t>(r) * cols;
-    float* cr = cur + static_cast<size_t>(r) * cols;
-    float* accr = WITH_COLS ? acc.data() + static_cast<size_t>(r & 7) * cols : nullptr;
-    const float rr = by_row[r];
-    float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int c = 0; c < cols; c += 8) {
-      for (int j = 0; j < 8; ++j) {
-        const float v = ar[c + j] / rr;
-        cr[c + j] = v;
-        p[j] += v;
-        if (WITH_COLS) accr[c + j] += v;
-      }
-    }
-    row_mean[r] = combine8(p) / static_cast<float>(cols);
-  }
-  float q[8];
-  if (WITH_COLS) {
-    for (int c = 0; c < cols; ++c) {
-      for (int j = 0; j < 8; ++j) q[j] = acc[static_cast<size_t>(j) * cols + c];
-      col_mean[c] = combine8(q) / static_cast<float>(rows);
-    }
-    std::fill(acc.begin(), acc.end(), 0.0f);
-  }
-  for (int r = 0; r < rows; ++r) {
-    const float* cr = cur + static_cast<size_t>(r) * cols;
-    float* accr = WITH_COLS ? acc.data() + static_cast<size_t>(r & 7) * cols : nullptr;
-    const float m = row_mean[r];
-    float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int c = 0; c < cols; c += 8) {
-      for (int j = 0; j < 8; ++j) {
-        const float d = cr[c + j] - m;
-        p[j] += d * d;
-        if (WITH_COLS) {
-          const float e = cr[c + j] - col_mean[c + j];
-          accr[c + j] += e * e;
-        }
-      }
-    }
-    row_std[r] = sqrt_rn(combine8(p) / static_cast<float>(cols - 1));
-  }
-  if (WITH_COLS) {
-    for (int c = 0; c < cols; ++c) {
-      for (int j = 0; j < 8; ++j) q[j] = acc[static_cast<size_t>(j) * cols + c];
-      col_std[c] = sqrt_rn(combine8(q) / static_cast<float>(rows - 1));
-    }
-  }
-}
-
 // log_s = clamp(log_s + log(clamp(std)), log_min, log_max); s = exp(log_s), for every scale of
 // one axis. The scales are independent, so the portable log/exp vectorize across them.
 KVARN_SIMD_CLONES void update_log_scales(const std::vector<float>& stds, const VarnParams& p,
@@ -172,17 +78,6 @@ KVARN_SIMD_CLONES void update_log_scales(const std::vector<float>& stds, const V
   }
 }
 
-// out[r][c] = (src[r][c] / by_col[c]) / by_row[r]: the final balanced tile in one pass.
-KVARN_SIMD_CLONES void divide_cols_rows(const float* src, int rows, int cols, const float* by_col,
-                                        const float* by_row, float* out) {
-  for (int r = 0; r < rows; ++r) {
-    const float* s = src + static_cast<size_t>(r) * cols;
-    float* o = out + static_cast<size_t>(r) * cols;
-    const float rr = by_row[r];
-    for (int c = 0; c < cols; ++c) o[c] = (s[c] / by_col[c]) / rr;
-  }
-}
-
 struct Workspace {
   std::vector<float> a, cur;
   void resize(size_t n) {
@@ -193,7 +88,55 @@ struct Workspace {
   }
 };
 
+// Whether every division of variance_normalize on this tile may take the FMA build's divider-free
+// path (varn_kernels.inc): each dividend is T, T / s_col or T / s_col / s_row with scales exp(l),
+// l clamped to [log_min, log_max] (or 1 before the first update), so bounds on |T| and on the
+// scales bound them all; a factor 2 covers the roundings on the way. No -0, Inf or NaN in T.
+KVARN_SIMD_CLONES bool fast_division(const float* tile, std::size_t n, const VarnParams& p) {
+  constexpr double kLo = 0x1p-60, kHi = 0x1p60;
+  // Magnitudes compared as bits (monotonic for non-negative floats), eight lanes at a time (n is
+  // a multiple of 8).
+  typedef std::uint32_t v8u __attribute__((vector_size(32)));
+  const v8u all = ~v8u{};
+  v8u lo8 = all, hi8 = {}, neg8 = {};
+  for (std::size_t i = 0; i < n; i += 8) {
+    v8u u;
+    std::memcpy(&u, tile + i, sizeof u);
+    const v8u m = u & 0x7fffffffu, nz = m == 0u ? all : m;
+    hi8 = hi8 > m ? hi8 : m;
+    lo8 = lo8 < nz ? lo8 : nz;
+    neg8 |= u == 0x80000000u ? all : v8u{};
+  }
+  std::uint32_t lo = lo8[0], hi = hi8[0], neg_zero = neg8[0];
+  for (int j = 1; j < 8; ++j) {
+    lo = std::min(lo, lo8[j]);
+    hi = std::max(hi, hi8[j]);
+    neg_zero |= neg8[j];
+  }
+  if (neg_zero != 0 || hi >= 0x7f800000u) return false;  // -0, Inf or NaN
+  if (hi == 0) return true;                              // all +0: the sequence returns +0
+  const double t_lo = bits_float(lo), t_hi = bits_float(hi);
+  const double s_lo = std::min(1.0, std::exp(static_cast<double>(p.log_min))) / 2;
+  const double s_hi = std::max(1.0, std::exp(static_cast<double>(p.log_max))) * 2;
+  return s_lo >= kLo && s_hi <= kHi && t_lo / (s_hi * s_hi) >= kLo && t_hi / (s_lo * s_lo) <= kHi;
+}
+
+const VarnKernels& select_kernels(VarnBuild build) {
+  static const bool fma = varn_fma::built() && cpu_has_avx2_fma();
+  switch (build) {
+    case VarnBuild::kBaseline:
+      return varn_baseline::kernels();
+    case VarnBuild::kFma:
+      KVARN_CHECK(fma, "variance_normalize: the AVX2 + FMA build is not available on this CPU");
+      return varn_fma::kernels();
+    default:
+      return fma ? varn_fma::kernels() : varn_baseline::kernels();
+  }
+}
+
 }  // namespace
+
+bool varn_fma_available() { return varn_fma::built() && cpu_has_avx2_fma(); }
 
 float imbalance(const float* x, int rows, int cols, float floor) {
   std::vector<float> rs(rows), cs(cols);
@@ -203,10 +146,11 @@ float imbalance(const float* x, int rows, int cols, float floor) {
 }
 
 VarnResult variance_normalize(const float* tile, int rows, int cols, const VarnParams& p,
-                              float* balanced) {
+                              float* balanced, VarnBuild build) {
   KVARN_CHECK(rows >= 8 && cols >= 8 && rows % 8 == 0 && cols % 8 == 0, "variance_normalize: tile ",
               rows, "x", cols, " must have sides that are multiples of 8");
   KVARN_CHECK(p.iters >= 0, "variance_normalize: iterations must be >= 0, got ", p.iters);
+  const VarnKernels& k = select_kernels(build);
   thread_local Workspace ws;
   const size_t n = static_cast<size_t>(rows) * cols;
   ws.resize(n);
@@ -220,7 +164,9 @@ VarnResult variance_normalize(const float* tile, int rows, int cols, const VarnP
   res.s_row.assign(rows, 1.0f);
 
   std::vector<float> ones(rows, 1.0f);
-  divide_and_stats<true>(tile, rows, cols, ones.data(), cur, row_std, col_std);  // x / 1 == x
+  const bool fast = &k != &varn_baseline::kernels() && fast_division(tile, n, p);
+  // x / 1 == x
+  k.divide_and_stats(tile, rows, cols, ones.data(), cur, row_std.data(), col_std.data(), fast);
   float best = ratio(col_std, p.imbalance_floor) + ratio(row_std, p.imbalance_floor);
   res.imbalance_before = best;
 
@@ -228,9 +174,9 @@ VarnResult variance_normalize(const float* tile, int rows, int cols, const VarnP
     // col_std holds the column stds of the current cur (computed at the end of the last step).
     update_log_scales(col_std, p, log_sc, sc);
     // Row stds of tile / sc / sr with the previous sr (the upstream's sequential update).
-    divide_cols_and_row_stds(tile, rows, cols, sc.data(), sr.data(), a, row_std);
+    k.divide_cols_and_row_stds(tile, rows, cols, sc.data(), sr.data(), a, row_std.data(), fast);
     update_log_scales(row_std, p, log_sr, sr);
-    divide_and_stats<true>(a, rows, cols, sr.data(), cur, row_std, col_std);
+    k.divide_and_stats(a, rows, cols, sr.data(), cur, row_std.data(), col_std.data(), fast);
     float imb = ratio(col_std, p.imbalance_floor) + ratio(row_std, p.imbalance_floor);
     res.trace.push_back(imb);
     if (imb <= best) {
@@ -241,7 +187,7 @@ VarnResult variance_normalize(const float* tile, int rows, int cols, const VarnP
     }
   }
   res.imbalance_after = best;
-  divide_cols_rows(tile, rows, cols, res.s_col.data(), res.s_row.data(), balanced);
+  k.divide_cols_rows(tile, rows, cols, res.s_col.data(), res.s_row.data(), balanced, fast);
   return res;
 }
 

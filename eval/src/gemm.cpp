@@ -2,21 +2,12 @@
 
 #include <Eigen/Core>
 
+#include "kvarn/core/cpu.hpp"
+
 #define KVARN_GEMM_SUFFIX(name) name##_baseline
 #include "gemm_kernels.inc"
 
 namespace kvarn::gemm {
-namespace {
-
-bool cpu_has_avx2_fma() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
-}
-
-}  // namespace
 
 bool uses_avx2() {
   static const bool avx2 = avx2_built() && cpu_has_avx2_fma();

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "kvarn/core/half_array.hpp"
@@ -84,6 +85,26 @@ TEST(PortableMath, RoundToHalfInplaceMatchesScalar) {
     } else {
       EXPECT_EQ(float_bits(y[i]), float_bits(ref)) << x[i];
     }
+  }
+}
+
+TEST(HalfArray, TransposeMovesEveryElementBitForBit) {
+  // Block (8 x 8 multiples, the vectorized path) and general shapes; NaN payloads and signed
+  // zeros must arrive unchanged.
+  const std::pair<int, int> shapes[] = {{8, 8},  {128, 128}, {64, 128}, {128, 24}, {16, 256},
+                                        {3, 5},  {12, 8},    {8, 20},   {1, 1}};
+  Rng rng(7);
+  for (auto [rows, cols] : shapes) {
+    std::vector<float> x(static_cast<std::size_t>(rows) * cols), t(x.size(), -1.0f);
+    for (auto& v : x) v = static_cast<float>(rng.normal());
+    x[0] = -0.0f;
+    if (x.size() > 2) x[x.size() / 2] = bits_float(0x7fc01234u);
+    transpose(x.data(), rows, cols, t.data());
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < cols; ++c)
+        ASSERT_EQ(float_bits(t[static_cast<std::size_t>(c) * rows + r]),
+                  float_bits(x[static_cast<std::size_t>(r) * cols + c]))
+            << rows << "x" << cols << " at " << r << "," << c;
   }
 }
 

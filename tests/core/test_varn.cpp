@@ -4,7 +4,10 @@
 
 #include <cmath>
 
+#include "kvarn/core/portable_math.hpp"
 #include "kvarn/core/reduce.hpp"
+#include "kvarn/core/rng.hpp"
+#include "kvarn/data/error.hpp"
 #include "test_util.hpp"
 
 namespace kvarn {
@@ -103,6 +106,60 @@ TEST(Varn, DegenerateTilesStayFinite) {
     ASSERT_TRUE(std::isfinite(res.imbalance_after));
     ASSERT_LE(res.imbalance_after, res.imbalance_before);
   }
+}
+
+// The AVX2 + FMA build divides by the scales without the divider; it must return the baseline's
+// bits on every tile: in range (the fast path), with -0, subnormal, huge or non-finite entries and
+// with scale bounds beyond 2^60 (the divider path).
+TEST(Varn, FmaBuildIsBitIdenticalToBaseline) {
+  if (!varn_fma_available()) GTEST_SKIP() << "this CPU has no AVX2 + FMA: nothing to compare";
+  Rng rng(5);
+  auto hard = [&](float x) {  // mantissas next to a power of two or all ones
+    std::uint32_t u = float_bits(x);
+    const std::uint32_t low = static_cast<std::uint32_t>(rng.next() & 0xff);
+    u = (u & 0xff800000u) | (rng.next() % 2 ? low : 0x7fffffu - low);
+    return bits_float(u);
+  };
+  int cases = 0;
+  for (int seed = 0; seed < 24; ++seed) {
+    for (auto [r, c] : {std::pair{128, 128}, {64, 128}, {128, 64}, {16, 8}, {256, 64}}) {
+      Matrix t = testing::random_kv(r, c, 1000 + seed, seed % 2 == 0);
+      VarnParams p;
+      const int variant = seed % 8;
+      for (Eigen::Index i = 0; i < t.size(); ++i) {
+        float& x = t.data()[i];
+        if (variant == 1 && i % 3 == 0) x = hard(x);
+        if (variant == 2 && i % 97 == 0) x = 0.0f;               // +0: fast path
+        if (variant == 3 && i == t.size() / 2) x = -0.0f;        // -0: divider
+        if (variant == 4 && i % 11 == 0) x *= 1e-30f;            // tiny: divider
+        if (variant == 5 && i % 13 == 0) x = std::ldexp(x, 70);  // huge: divider
+        if (variant == 6 && i % 5 == 0) x = std::ldexp(1.0f, -24) * static_cast<float>(i % 7);
+      }
+      if (variant == 7) p.log_max = 45.0f;  // scales up to e^45 > 2^60: divider
+      std::vector<float> out_b(t.size()), out_f(t.size());
+      const VarnResult b =
+          variance_normalize(t.data(), r, c, p, out_b.data(), VarnBuild::kBaseline);
+      const VarnResult f = variance_normalize(t.data(), r, c, p, out_f.data(), VarnBuild::kFma);
+      for (std::size_t i = 0; i < out_b.size(); ++i)
+        ASSERT_EQ(float_bits(out_f[i]), float_bits(out_b[i]))
+            << r << "x" << c << " seed " << seed << " at " << i;
+      for (int i = 0; i < c; ++i) ASSERT_EQ(float_bits(f.s_col[i]), float_bits(b.s_col[i]));
+      for (int i = 0; i < r; ++i) ASSERT_EQ(float_bits(f.s_row[i]), float_bits(b.s_row[i]));
+      ASSERT_EQ(f.trace.size(), b.trace.size());
+      for (std::size_t i = 0; i < b.trace.size(); ++i)
+        ASSERT_EQ(float_bits(f.trace[i]), float_bits(b.trace[i]));
+      EXPECT_EQ(f.best_iter, b.best_iter);
+      ++cases;
+    }
+  }
+  EXPECT_EQ(cases, 24 * 5);
+}
+
+TEST(Varn, FmaBuildOnACpuWithoutItIsAnError) {
+  if (varn_fma_available()) GTEST_SKIP() << "this CPU has AVX2 + FMA";
+  std::vector<float> t(64, 1.0f), out(64);
+  EXPECT_THROW(variance_normalize(t.data(), 8, 8, VarnParams{}, out.data(), VarnBuild::kFma),
+               Error);
 }
 
 }  // namespace

@@ -26,17 +26,23 @@ struct VarnParams {
 };
 
 struct VarnResult {
-  std::vector<float> s_row;     // [rows] chosen row scales, exp(log_sr*)
-  std::vector<float> s_col;     // [cols] chosen column scales, exp(log_sc*)
-  float imbalance_before = 0;   // Imb(T)
-  float imbalance_after = 0;    // Imb(T / s_col / s_row), the best seen
-  int best_iter = 0;            // 0: identity kept
-  std::vector<float> trace;     // Imb after each iteration
+  std::vector<float> s_row;    // [rows] chosen row scales, exp(log_sr*)
+  std::vector<float> s_col;    // [cols] chosen column scales, exp(log_sc*)
+  float imbalance_before = 0;  // Imb(T)
+  float imbalance_after = 0;   // Imb(T / s_col / s_row), the best seen
+  int best_iter = 0;           // 0: identity kept
+  std::vector<float> trace;    // Imb after each iteration
 };
+
+// Which build of the element-wise passes runs. kAuto: the AVX2 + FMA build (divisions by the
+// scales without the divider) where the CPU has both, else the baseline. Every build returns the
+// same bits; tests compare them.
+enum class VarnBuild { kAuto, kBaseline, kFma };
+bool varn_fma_available();
 
 // tile: rows x cols row-major, finite. balanced (rows x cols) receives T / s_col / s_row.
 VarnResult variance_normalize(const float* tile, int rows, int cols, const VarnParams& params,
-                              float* balanced);
+                              float* balanced, VarnBuild build = VarnBuild::kAuto);
 
 // Imb of a matrix (rows x cols, row-major), canonical reductions.
 float imbalance(const float* x, int rows, int cols, float floor = 1e-8f);
