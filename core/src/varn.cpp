@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 
@@ -78,16 +79,6 @@ KVARN_SIMD_CLONES void update_log_scales(const std::vector<float>& stds, const V
   }
 }
 
-struct Workspace {
-  std::vector<float> a, cur;
-  void resize(size_t n) {
-    if (a.size() < n) {
-      a.resize(n);
-      cur.resize(n);
-    }
-  }
-};
-
 // Whether every division of variance_normalize on this tile may take the FMA build's divider-free
 // path (varn_kernels.inc): each dividend is T, T / s_col or T / s_col / s_row with scales exp(l),
 // l clamped to [log_min, log_max] (or 1 before the first update), so bounds on |T| and on the
@@ -150,12 +141,18 @@ VarnResult variance_normalize(const float* tile, int rows, int cols, const VarnP
   KVARN_CHECK(rows >= 8 && cols >= 8 && rows % 8 == 0 && cols % 8 == 0, "variance_normalize: tile ",
               rows, "x", cols, " must have sides that are multiples of 8");
   KVARN_CHECK(p.iters >= 0, "variance_normalize: iterations must be >= 0, got ", p.iters);
+  const auto at = [](const float* x) { return reinterpret_cast<std::uintptr_t>(x); };
+  const std::uintptr_t bytes = sizeof(float) * static_cast<std::uintptr_t>(rows) * cols;
+  KVARN_CHECK(at(balanced) + bytes <= at(tile) || at(tile) + bytes <= at(balanced),
+              "variance_normalize: the output must not overlap the tile");
   const VarnKernels& k = select_kernels(build);
-  thread_local Workspace ws;
+  thread_local std::vector<float> a_buf;
   const size_t n = static_cast<size_t>(rows) * cols;
-  ws.resize(n);
-  float* a = ws.a.data();
-  float* cur = ws.cur.data();
+  if (a_buf.size() < n) a_buf.resize(n);
+  float* a = a_buf.data();
+  // cur = T / sc / sr of the current step lives in `balanced`: when the last step is the best,
+  // it is already the result (the same divisions as divide_cols_rows, in the same order).
+  float* cur = balanced;
 
   VarnResult res;
   std::vector<float> log_sc(cols, 0.0f), log_sr(rows, 0.0f), sc(cols, 1.0f), sr(rows, 1.0f);
@@ -187,7 +184,8 @@ VarnResult variance_normalize(const float* tile, int rows, int cols, const VarnP
     }
   }
   res.imbalance_after = best;
-  k.divide_cols_rows(tile, rows, cols, res.s_col.data(), res.s_row.data(), balanced, fast);
+  if (res.best_iter == 0 || res.best_iter != p.iters)
+    k.divide_cols_rows(tile, rows, cols, res.s_col.data(), res.s_row.data(), balanced, fast);
   return res;
 }
 

@@ -155,6 +155,32 @@ TEST(Varn, FmaBuildIsBitIdenticalToBaseline) {
   EXPECT_EQ(cases, 24 * 5);
 }
 
+// balanced is T / s_col / s_row, divided in that order, whether the best step is the last one
+// (its T / sc / sr is kept) or an earlier one (recomputed from the chosen scales).
+TEST(Varn, BalancedIsTheTileDividedByTheChosenScales) {
+  int last = 0, earlier = 0;
+  for (int seed = 0; seed < 40; ++seed) {
+    Matrix t = testing::random_kv(64, 128, 500 + seed, seed % 2 == 0);
+    VarnParams p;
+    p.iters = 1 + seed % 12;
+    std::vector<float> out(t.size());
+    const VarnResult res = variance_normalize(t.data(), 64, 128, p, out.data());
+    (res.best_iter == p.iters ? last : earlier) += 1;
+    for (int r = 0; r < 64; ++r)
+      for (int c = 0; c < 128; ++c)
+        ASSERT_EQ(float_bits(out[static_cast<std::size_t>(r) * 128 + c]),
+                  float_bits((t(r, c) / res.s_col[c]) / res.s_row[r]))
+            << "seed " << seed << " at " << r << "," << c;
+  }
+  EXPECT_GT(last, 0);
+  EXPECT_GT(earlier, 0);
+}
+
+TEST(Varn, OutputOverlappingTheTileIsAnError) {
+  std::vector<float> t(128, 1.0f);
+  EXPECT_THROW(variance_normalize(t.data(), 8, 8, VarnParams{}, t.data() + 32), Error);
+}
+
 TEST(Varn, FmaBuildOnACpuWithoutItIsAnError) {
   if (varn_fma_available()) GTEST_SKIP() << "this CPU has AVX2 + FMA";
   std::vector<float> t(64, 1.0f), out(64);

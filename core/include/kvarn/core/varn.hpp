@@ -40,7 +40,8 @@ struct VarnResult {
 enum class VarnBuild { kAuto, kBaseline, kFma };
 bool varn_fma_available();
 
-// tile: rows x cols row-major, finite. balanced (rows x cols) receives T / s_col / s_row.
+// tile: rows x cols row-major, finite. balanced (rows x cols, not overlapping tile) receives
+// T / s_col / s_row.
 VarnResult variance_normalize(const float* tile, int rows, int cols, const VarnParams& params,
                               float* balanced, VarnBuild build = VarnBuild::kAuto);
 
