@@ -303,10 +303,13 @@ KVARN_SIMD_CLONES bool scale_round_fp16_fast(const double* s, std::size_t n, dou
     const std::uint64_t b = double_bits(s[i] * cd), mag = b & kAbs;
     const std::uint64_t normal = (mag + (kDrop >> 1) + ((mag >> 42) & 1)) & ~kDrop;
     const std::uint64_t sub = double_bits((bits_double(mag) + k2p28) - k2p28);
-    const std::uint64_t r = (mag < kMinNormal ? sub : normal) | (b & ~kAbs);
-    out[i] = mag == 0 ? 0.0f : static_cast<float>(bits_double(r));
-    bad |= (double_bits(s[i]) & kAbs) >= 0x4110000000000000ull ? 1u : 0u;
-    bad |= mag >= kOverflow ? 1u : 0u;
+    // Masks instead of selects: the loop stays free of branches (it vectorizes).
+    const std::uint64_t small = 0 - static_cast<std::uint64_t>(mag < kMinNormal);
+    const std::uint64_t nonzero = 0 - static_cast<std::uint64_t>(mag != 0);
+    const std::uint64_t r = (((sub & small) | (normal & ~small)) | (b & ~kAbs)) & nonzero;
+    out[i] = static_cast<float>(bits_double(r));
+    bad |= static_cast<std::uint64_t>((double_bits(s[i]) & kAbs) >= 0x4110000000000000ull);
+    bad |= static_cast<std::uint64_t>(mag >= kOverflow);
   }
   return bad == 0;
 }
