@@ -210,18 +210,38 @@ Rotation::Rotation(RotationKind kind, int dim, std::uint64_t seed)
 
 namespace {
 // Butterflies of the FWHT along the d rows of xt [d, n]: each row of n values is one step of n
-// independent transforms, so the inner loop vectorizes. Inlined into each SIMD clone.
+// independent transforms, so the inner loop vectorizes. Two stages (h, 2h) go per pass over the
+// block, in registers: the same additions in the same order as two radix-2 passes, with half the
+// trips through memory. Inlined into each SIMD clone.
 template <typename T>
 [[gnu::always_inline]] inline void butterflies(T* xt, int d, int n) {
-  for (int h = 1; h < d; h <<= 1) {
+  int h = 1;
+  for (; 4 * h <= d; h *= 4) {
+    for (int i = 0; i < d; i += 4 * h) {
+      for (int j = i; j < i + h; ++j) {
+        T* a = xt + static_cast<size_t>(j) * n;
+        T* b = a + static_cast<size_t>(h) * n;
+        T* c = b + static_cast<size_t>(h) * n;
+        T* e = c + static_cast<size_t>(h) * n;
+        for (int k = 0; k < n; ++k) {
+          const T a1 = a[k] + b[k], b1 = a[k] - b[k], c1 = c[k] + e[k], e1 = c[k] - e[k];
+          a[k] = a1 + c1;
+          c[k] = a1 - c1;
+          b[k] = b1 + e1;
+          e[k] = b1 - e1;
+        }
+      }
+    }
+  }
+  for (; h < d; h *= 2) {
     for (int i = 0; i < d; i += 2 * h) {
       for (int j = i; j < i + h; ++j) {
         T* a = xt + static_cast<size_t>(j) * n;
         T* b = xt + static_cast<size_t>(j + h) * n;
-        for (int c = 0; c < n; ++c) {
-          const T x = a[c], y = b[c];
-          a[c] = x + y;
-          b[c] = x - y;
+        for (int k = 0; k < n; ++k) {
+          const T x = a[k], y = b[k];
+          a[k] = x + y;
+          b[k] = x - y;
         }
       }
     }
@@ -265,6 +285,33 @@ KVARN_SIMD_CLONES bool scale_round_odd_fast(const double* s, std::size_t n, doub
     big |= (double_bits(s[i]) & 0x7fffffffffffffffull) >= 0x4110000000000000ull ? 1u : 0u;
   }
   return big == 0;
+}
+
+// out = fp16(c * s) (round to nearest even) as float in one pass: the value of
+// round_to_half(scale_round_odd(...)), since rounding to odd with at least two extra bits makes
+// the second rounding the direct one (Boldo and Melquiond). Fast path: |s| < 2^18 (p = s * c
+// exact in double) and |p| < 65520 (no fp16 overflow); p = +-0 gives +0 as scale_round_odd.
+// Returns false when some element is outside it (the caller then takes the two-step path).
+KVARN_SIMD_CLONES bool scale_round_fp16_fast(const double* s, std::size_t n, double cd,
+                                             float* out) {
+  constexpr std::uint64_t kAbs = 0x7fffffffffffffffull, kDrop = (std::uint64_t{1} << 42) - 1;
+  constexpr std::uint64_t kMinNormal = 0x3f10000000000000ull;  // 2^-14
+  constexpr std::uint64_t kOverflow = 0x40effe0000000000ull;   // 65520
+  constexpr double k2p28 = 268435456.0;  // (|p| + 2^28) - 2^28 rounds to a multiple of 2^-24
+  std::uint64_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t b = double_bits(s[i] * cd), mag = b & kAbs;
+    const std::uint64_t normal = (mag + (kDrop >> 1) + ((mag >> 42) & 1)) & ~kDrop;
+    const std::uint64_t sub = double_bits((bits_double(mag) + k2p28) - k2p28);
+    // Masks instead of selects: the loop stays free of branches (it vectorizes).
+    const std::uint64_t small = 0 - static_cast<std::uint64_t>(mag < kMinNormal);
+    const std::uint64_t nonzero = 0 - static_cast<std::uint64_t>(mag != 0);
+    const std::uint64_t r = (((sub & small) | (normal & ~small)) | (b & ~kAbs)) & nonzero;
+    out[i] = static_cast<float>(bits_double(r));
+    bad |= static_cast<std::uint64_t>((double_bits(s[i]) & kAbs) >= 0x4110000000000000ull);
+    bad |= static_cast<std::uint64_t>(mag >= kOverflow);
+  }
+  return bad == 0;
 }
 
 void scale_round_odd(const double* s, std::size_t n, Fp16Scale c, double cd, float* out) {
@@ -316,7 +363,7 @@ void on_columns(float* x, int rows, int d, Op op) {
 }
 }  // namespace
 
-void Rotation::hadamard_fp16_columns(float* xt, int n, int row0) const {
+void Rotation::hadamard_fp16_columns(float* xt, int n, int row0, bool to_fp16) const {
   const int d = dim_;
   const std::size_t total = static_cast<std::size_t>(d) * n;
   thread_local std::vector<double> acc;
@@ -343,8 +390,16 @@ void Rotation::hadamard_fp16_columns(float* xt, int n, int row0) const {
     acc.swap(mixed);
   }
   const std::uint16_t cb = hadamard_fp16_scale_bits(d);
-  scale_round_odd(acc.data(), total, fp16_scale(cb), static_cast<double>(half_bits_to_float(cb)),
-                  xt);
+  const double cd = static_cast<double>(half_bits_to_float(cb));
+  if (to_fp16 && scale_round_fp16_fast(acc.data(), total, cd, xt)) return;
+  scale_round_odd(acc.data(), total, fp16_scale(cb), cd, xt);
+  if (to_fp16) round_columns_to_fp16(xt, d, n, row0);
+}
+
+void Rotation::columns_fp16(float* xt, int n, int row0) const {
+  if (kind_ == RotationKind::kHadamardFp16) return hadamard_fp16_columns(xt, n, row0, true);
+  columns(xt, n, row0);
+  round_columns_to_fp16(xt, dim_, n, row0);
 }
 
 void Rotation::forward_columns(float* xt, int n) const { columns(xt, n, 0); }
@@ -352,7 +407,7 @@ void Rotation::forward_columns(float* xt, int n) const { columns(xt, n, 0); }
 void Rotation::columns(float* xt, int n, int row0) const {
   if (kind_ == RotationKind::kNone) return;
   if (kind_ == RotationKind::kHadamardFp16) {
-    hadamard_fp16_columns(xt, n, row0);
+    hadamard_fp16_columns(xt, n, row0, false);
     return;
   }
   if (kind_ == RotationKind::kHadamard && k_ == 1) {
@@ -365,10 +420,7 @@ void Rotation::columns(float* xt, int n, int row0) const {
   transpose(rows.data(), n, dim_, xt);
 }
 
-void Rotation::forward_columns_fp16(float* xt, int n) const {
-  columns(xt, n, 0);
-  round_columns_to_fp16(xt, dim_, n, 0);
-}
+void Rotation::forward_columns_fp16(float* xt, int n) const { columns_fp16(xt, n, 0); }
 
 void Rotation::inverse_columns(float* xt, int n) const {
   if (kind_ == RotationKind::kNone) return;
@@ -390,18 +442,15 @@ void Rotation::fp16_round_trip(const float* in, int rows, float* out) const {
     const std::size_t offset = static_cast<std::size_t>(r0) * dim_;
     cols.resize(static_cast<std::size_t>(dim_) * nb);
     transpose(in + offset, nb, dim_, cols.data());
-    columns(cols.data(), nb, r0);
-    round_columns_to_fp16(cols.data(), dim_, nb, r0);
+    columns_fp16(cols.data(), nb, r0);
     inverse_columns(cols.data(), nb);
     transpose(cols.data(), dim_, nb, out + offset);
   }
 }
 
 void Rotation::forward_fp16(float* x, int rows, int first_row) const {
-  on_columns(x, rows, dim_, [&](float* xt, int nb, int r0) {
-    columns(xt, nb, first_row + r0);
-    round_columns_to_fp16(xt, dim_, nb, first_row + r0);
-  });
+  on_columns(x, rows, dim_,
+             [&](float* xt, int nb, int r0) { columns_fp16(xt, nb, first_row + r0); });
 }
 
 void Rotation::forward(float* x, int rows) const { apply(x, rows, false); }
@@ -411,7 +460,8 @@ void Rotation::apply(float* x, int rows, bool transpose) const {
   const int d = dim_;
   if (kind_ == RotationKind::kNone) return;
   if (kind_ == RotationKind::kHadamardFp16 && !transpose) {
-    on_columns(x, rows, d, [&](float* xt, int nb, int r0) { hadamard_fp16_columns(xt, nb, r0); });
+    on_columns(x, rows, d,
+               [&](float* xt, int nb, int r0) { hadamard_fp16_columns(xt, nb, r0, false); });
     return;
   }
   if ((kind_ == RotationKind::kHadamard || kind_ == RotationKind::kHadamardFp16) && k_ == 1) {

@@ -192,6 +192,28 @@ TEST_P(Fp16RotationDims, ForwardIsTheCorrectlyRoundedExactProduct) {
     }
 }
 
+// forward_columns_fp16 rounds the exact product to fp16 in one pass; it must give the bits of the
+// two-step path (round to odd in fp32, then to fp16), signed zeros and fp16 subnormals included.
+TEST_P(Fp16RotationDims, ColumnsToFp16InOnePassMatchTheTwoStepPath) {
+  const int d = GetParam(), n = 40;
+  Rng rng(300 + d);
+  const Rotation rot(RotationKind::kHadamardFp16, d);
+  for (int round = 0; round < 6; ++round) {
+    std::vector<float> x = wide_fp16(rng, static_cast<std::size_t>(d) * n);
+    if (round % 2 == 1) {  // tiny columns: results in the fp16 subnormal range and zeros
+      for (std::size_t i = 0; i < x.size(); ++i)
+        x[i] = round_to_half(static_cast<float>(rng.normal()) * 0x1p-20f * (i % 5));
+    }
+    std::vector<float> one = x, two = x;
+    rot.forward_columns_fp16(one.data(), n);
+    rot.forward_columns(two.data(), n);
+    round_to_half_inplace(two.data(), two.size());
+    for (std::size_t i = 0; i < x.size(); ++i)
+      ASSERT_EQ(float_bits(one[i]), float_bits(two[i]))
+          << "D=" << d << " round " << round << " at " << i;
+  }
+}
+
 TEST_P(Fp16RotationDims, InverseIsTheSameFp16MatrixInFp32) {
   const int d = GetParam(), rows = 70;
   Rng rng(7 + d);

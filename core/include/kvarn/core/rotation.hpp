@@ -6,9 +6,9 @@
 //   orthogonal matrix, never a truncated one.
 // kHadamardFp16: the published KVarN arithmetic (D up to 2048; the same Sylvester or Kronecker
 //   +-1 matrix as kHadamard): fp16 inputs times the fp16 matrix with entries +-c,
-//   c = fp16(1/sqrt(D)) (hadamard_fp16.hpp: exact sums, one correct rounding). The matrix is symmetric but not exactly orthogonal (c^2 D != 1 when D is
-//   not a power of four); the inverse applies the same matrix (as upstream un-rotates outputs):
-//   x <- fp32 FWHT of x, times c.
+//   c = fp16(1/sqrt(D)) (hadamard_fp16.hpp: exact sums, one correct rounding). The matrix is
+//   symmetric but not exactly orthogonal (c^2 D != 1 when D is not a power of four); the inverse
+//   applies the same matrix (as upstream un-rotates outputs): x <- fp32 FWHT of x, times c.
 // kHaar: a seeded Haar-random orthogonal matrix (QR of a Gaussian matrix, signs fixed by diag(R)).
 // kNone: identity.
 #ifndef KVARN_CORE_ROTATION_HPP_
@@ -74,15 +74,18 @@ class Rotation {
   void apply(float* x, int rows, bool transpose) const;
   // forward_columns with row0 = the caller's row number of column 0 (error messages).
   void columns(float* xt, int n, int row0) const;
-  void hadamard_fp16_columns(float* xt, int n, int row0) const;
+  // to_fp16: also round the result to fp16 (forward_columns_fp16), in the same pass where it can.
+  void hadamard_fp16_columns(float* xt, int n, int row0, bool to_fp16) const;
+  // columns() then the rounding to fp16 with its range check.
+  void columns_fp16(float* xt, int n, int row0) const;
 
   RotationKind kind_;
   int dim_;
   std::uint64_t seed_;
-  int k_ = 1;                  // Hadamard: D = k_ * p_, p_ a power of two
+  int k_ = 1;  // Hadamard: D = k_ * p_, p_ a power of two
   int p_ = 1;
-  std::vector<float> dense_;   // H_K (k_ x k_, +-1) for Hadamard, R (D x D) for Haar
-  float scale_ = 1.0f;         // 1/sqrt(D) (kHadamard), fp16(1/sqrt(D)) (kHadamardFp16)
+  std::vector<float> dense_;  // H_K (k_ x k_, +-1) for Hadamard, R (D x D) for Haar
+  float scale_ = 1.0f;        // 1/sqrt(D) (kHadamard), fp16(1/sqrt(D)) (kHadamardFp16)
 };
 
 // Fast Walsh-Hadamard transform of n = 2^m contiguous floats (unnormalized butterflies,
