@@ -30,10 +30,10 @@ void row_min_max_sequential(const float* row, int cols, float& mn, float& mx) {
   }
 }
 
-// std::min / std::max folded over the row in order. Eight lanes seeded with row[0] vectorize and
-// give the same values: equal nonzero floats have equal bits, a NaN after row[0] is skipped by
-// both, a NaN row[0] sticks in both. Only the sign of a zero extreme depends on which zero came
-// first, so a zero result is decided by the sequential loop.
+// std::min / std::max folded over the (finite) row in order. Eight lanes seeded with row[0]
+// vectorize and give the same values, since equal nonzero floats have equal bits; only the sign of
+// a zero extreme depends on which zero came first, so a zero result is decided by the sequential
+// loop.
 inline void row_min_max(const float* row, int cols, float& mn, float& mx) {
   if (cols % 8 != 0) return row_min_max_sequential(row, cols, mn, mx);
   float lo[8], hi[8];
