@@ -7,6 +7,7 @@
 #include <immintrin.h>
 #endif
 
+#include "kvarn/core/cpu.hpp"
 #include "kvarn/core/portable_math.hpp"
 #include "simd.hpp"
 
@@ -94,7 +95,7 @@ void transpose_blocks(const float* x, int rows, int cols, float* out) {
 void transpose(const float* x, int rows, int cols, float* out) {
   if (rows % 8 == 0 && cols % 8 == 0) {
 #ifdef KVARN_TRANSPOSE_AVX2
-    static const bool avx2 = __builtin_cpu_supports("avx2");
+    static const bool avx2 = cpu_has_avx2();
     if (avx2) return transpose_blocks_avx2(x, rows, cols, out);
 #endif
     return transpose_blocks(x, rows, cols, out);

@@ -113,7 +113,7 @@ KVARN_SIMD_CLONES bool fast_division(const float* tile, std::size_t n, const Var
 }
 
 const VarnKernels& select_kernels(VarnBuild build) {
-  static const bool fma = varn_fma::built() && cpu_has_avx2_fma();
+  static const bool fma = varn_fma_available();
   switch (build) {
     case VarnBuild::kBaseline:
       return varn_baseline::kernels();
