@@ -289,6 +289,20 @@ __device__ __forceinline__ void load_col_scales(const unsigned char* p, int c, f
     }
 }
 
+// The start value of the code chains of a record (header comment): codes enter the mma as
+// 1024 + c 2^(f kBits), so for pack field f and the lane's heads 2c, 2c + 1 the chain starts at
+// zsum 2^(f kBits) inv - 1024 sum (zsum: the zero-point sum, inv: 1 / the record's scale maximum,
+// sum: the sum of the scaled operand). QK and PV use the same form.
+template <int kPack, int kBits>
+__device__ __forceinline__ void chain_start(const float* zsum, float inv, const float* sum,
+                                            float (&out)[kPack][2]) {
+#pragma unroll
+  for (int f = 0; f < kPack; ++f)
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+      out[f][k] = zsum[k] * (inv * static_cast<float>(1 << (f * kBits))) - 1024.0f * sum[k];
+}
+
 }  // namespace detail
 
 template <int D, int G, KvFormat F, int KB, int VB, int W>
@@ -485,11 +499,7 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
       // on two warps 0.97x that way at batch 128).
       constexpr bool kInitQk = T::kWarps > 1;
       float kin[T::kPackK][2];
-#pragma unroll
-      for (int f = 0; f < T::kPackK; ++f)
-#pragma unroll
-        for (int k = 0; k < 2; ++k)
-          kin[f][k] = qzc[k] * (kinv * static_cast<float>(1 << (f * KB))) - 1024.0f * qsum[k];
+      detail::chain_start<T::kPackK, KB>(qzc, kinv, qsum, kin);
 
       // S^T = K codes x q'': lane reads channel rows 16 s + 2c + {0, 1, 8, 9}
       float sc[T::kMT][4];
@@ -607,11 +617,7 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
 #pragma unroll
         for (int m = m0; m < m0 + kPvMT; ++m) mma_16816(psum, ones_a, pb[m]);
         float vin[T::kPackV][2];
-#pragma unroll
-        for (int f = 0; f < T::kPackV; ++f)
-#pragma unroll
-          for (int k = 0; k < 2; ++k)
-            vin[f][k] = pz[k] * (vinv * static_cast<float>(1 << (f * VB))) - 1024.0f * psum[k];
+        detail::chain_start<T::kPackV, VB>(pz, vinv, psum, vin);
 
         // O^T tile = V codes^T x P'': k-step m pairs token rows t0 = 2c G/8 + 2m and t0 + G/8
         float co[KS][4];
