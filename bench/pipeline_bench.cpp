@@ -123,16 +123,7 @@ void BM_QuantizeFile(benchmark::State& state) {
     cpu.sys += cpu1.sys - cpu0.sys;
     cpu.faults += cpu1.faults - cpu0.faults;
     pairs += r.k_chunks;
-    t.read += r.times.read;
-    t.compute += r.times.compute;
-    t.write += r.times.write;
-    t.read_cpu += r.times.read_cpu;
-    t.compute_cpu += r.times.compute_cpu;
-    t.write_cpu += r.times.write_cpu;
-    t.decode += r.times.decode;
-    t.quantize += r.times.quantize;
-    t.collect += r.times.collect;
-    t.metrics += r.times.metrics;
+    t += r.times;
   }
   state.counters["tile_pairs_per_s"] =
       benchmark::Counter(static_cast<double>(pairs), benchmark::Counter::kIsRate);

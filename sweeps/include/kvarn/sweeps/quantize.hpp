@@ -46,6 +46,22 @@ struct QuantizePhaseTimes {
   double write = 0;     // HDF5 write, close, fsync, rename
   double total = 0;
   double read_cpu = 0, compute_cpu = 0, write_cpu = 0;  // compute_cpu: decode to metrics
+
+  // Field by field, to sum several runs (benchmarks).
+  QuantizePhaseTimes& operator+=(const QuantizePhaseTimes& o) {
+    read += o.read;
+    compute += o.compute;
+    decode += o.decode;
+    quantize += o.quantize;
+    collect += o.collect;
+    metrics += o.metrics;
+    write += o.write;
+    total += o.total;
+    read_cpu += o.read_cpu;
+    compute_cpu += o.compute_cpu;
+    write_cpu += o.write_cpu;
+    return *this;
+  }
 };
 
 struct QuantizeReport {
