@@ -109,8 +109,8 @@ TEST(Varn, DegenerateTilesStayFinite) {
 }
 
 // The AVX2 + FMA build divides by the scales without the divider; it must return the baseline's
-// bits on every tile: in range (the fast path), with -0, subnormal, huge or non-finite entries and
-// with scale bounds beyond 2^60 (the divider path).
+// bits on every tile: in range (the fast path; hard mantissas, +0, fp16-subnormal multiples of
+// 2^-24) and with -0, tiny or huge entries or scale bounds beyond 2^60 (the divider path).
 TEST(Varn, FmaBuildIsBitIdenticalToBaseline) {
   if (!varn_fma_available()) GTEST_SKIP() << "this CPU has no AVX2 + FMA: nothing to compare";
   Rng rng(5);
