@@ -51,6 +51,24 @@ void BM_KvarnTilePairFp16Rotation(benchmark::State& state) {
 BENCHMARK(BM_KvarnTilePairFp16Rotation)->Args({128, 2})->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK(BM_KvarnTilePair)->Args({128, 2})->Args({128, 4})->Args({64, 2})->Threads(1)->Threads(2)->UseRealTime();
 
+// One channel-major 128 x 128 tile through the forward rotation as the store does it
+// (forward_columns_fp16): arg 1 the fp16 Hadamard matrix (KVarN's default), arg 0 the exact-scale
+// fp32 FWHT. The tile is copied in each iteration (the rotation works in place).
+void BM_RotateTile(benchmark::State& state) {
+  const int d = 128;
+  const kvarn::Rotation rot(state.range(0) ? kvarn::RotationKind::kHadamardFp16
+                                           : kvarn::RotationKind::kHadamard,
+                            d);
+  const Matrix x = random_tile(d, d, 5);
+  Matrix y = x;
+  for (auto _ : state) {
+    y = x;
+    rot.forward_columns_fp16(y.data(), d);
+    benchmark::DoNotOptimize(y.data());
+  }
+}
+BENCHMARK(BM_RotateTile)->Arg(1)->Arg(0);
+
 // Any registry method through the generic cache path: a sequence of 128 sink tokens + 8 tiles;
 // counts quantized tile pairs (128 tokens of K and V) per second.
 void BM_MethodSequence(benchmark::State& state, const char* name) {
