@@ -4,7 +4,9 @@
 //     temporary directory) on 1,024 kvarn_k4v2_g128 K+V tile pairs of synthetic tiles drawn
 //     like BM_KvarnTilePair's; arg = threads (--threads). Counters: the CPU time per phase and
 //     the process's CPU time per pair, which hold under load (compare with the CPU time per
-//     pair of BM_KvarnTilePair).
+//     pair of BM_KvarnTilePair). The tile file as TileWriter writes it by default (unfiltered);
+//     BM_QuantizeFileGzip: the same on a gzip-compressed one (`capture --compress`, the files
+//     under data/tiles/), which adds the inflate of every chunk.
 //   BM_SweepCase: one sweep case (the engine's compute_case: quantization, reconstruction and
 //     attention metrics) of kvarn_k4v2_g128 on the real fixture capture
 //     data/tiles/fixture_heldout.h5.
@@ -72,41 +74,50 @@ struct ProcessCpu {
   }
 };
 
-const fs::path& tile_file() {
-  static const fs::path path = [] {
-    const fs::path p = temp_dir() / "tiles.h5";
-    kvarn::TileFileInfo info;
-    info.model = "synthetic";
-    info.num_layers = kLayers;
-    info.num_kv_heads = kHeads;
-    info.num_q_heads = kHeads;
-    info.head_dim = kDim;
-    info.source = "synthetic (bench/core_pipeline_bench.cpp)";
-    for (int l = 0; l < kLayers; ++l) info.layers.push_back(l);
-    kvarn::TileWriter w(p, info, true);
-    const std::size_t slab = static_cast<std::size_t>(kTokens) * kDim;
-    for (int s = 0; s < kSequences; ++s) {
-      kvarn::SequenceData seq;
-      seq.prompt_id = "synthetic-" + std::to_string(s);
-      seq.token_ids.assign(kTokens, 1);
-      seq.k.resize(slab * kLayers * kHeads);
-      seq.v.resize(slab * kLayers * kHeads);
-      for (int i = 0; i < kLayers * kHeads; ++i) {
-        fill_slab(seq.k.data() + i * slab, 1000 + 2 * (s * 64 + i));
-        fill_slab(seq.v.data() + i * slab, 1001 + 2 * (s * 64 + i));
-      }
-      w.add_sequence(seq);
+// The input tile file, as TileWriter stores it by default (kNone) or gzip-compressed.
+fs::path write_tile_file(kvarn::TileCompression compression) {
+  const fs::path p =
+      temp_dir() / (compression == kvarn::TileCompression::kGzip ? "tiles_gzip.h5" : "tiles.h5");
+  kvarn::TileFileInfo info;
+  info.model = "synthetic";
+  info.num_layers = kLayers;
+  info.num_kv_heads = kHeads;
+  info.num_q_heads = kHeads;
+  info.head_dim = kDim;
+  info.source = "synthetic (bench/core_pipeline_bench.cpp)";
+  for (int l = 0; l < kLayers; ++l) info.layers.push_back(l);
+  kvarn::TileWriter w(p, info, true, compression);
+  const std::size_t slab = static_cast<std::size_t>(kTokens) * kDim;
+  for (int s = 0; s < kSequences; ++s) {
+    kvarn::SequenceData seq;
+    seq.prompt_id = "synthetic-" + std::to_string(s);
+    seq.token_ids.assign(kTokens, 1);
+    seq.k.resize(slab * kLayers * kHeads);
+    seq.v.resize(slab * kLayers * kHeads);
+    for (int i = 0; i < kLayers * kHeads; ++i) {
+      fill_slab(seq.k.data() + i * slab, 1000 + 2 * (s * 64 + i));
+      fill_slab(seq.v.data() + i * slab, 1001 + 2 * (s * 64 + i));
     }
-    w.finish();
-    return p;
-  }();
-  return path;
+    w.add_sequence(seq);
+  }
+  w.finish();
+  return p;
 }
 
-void BM_QuantizeFile(benchmark::State& state) {
+// Each written once per process, when first asked for.
+const fs::path& tile_file(kvarn::TileCompression compression) {
+  if (compression == kvarn::TileCompression::kGzip) {
+    static const fs::path gzip = write_tile_file(compression);
+    return gzip;
+  }
+  static const fs::path plain = write_tile_file(compression);
+  return plain;
+}
+
+void quantize_file(benchmark::State& state, kvarn::TileCompression compression) {
   kvarn::QuantizeFileOptions o;
   o.method = "kvarn_k4v2_g128";
-  o.in = tile_file();
+  o.in = tile_file(compression);
   o.out = temp_dir() / "quantized.h5";
   o.force = true;
   o.threads = static_cast<int>(state.range(0));
@@ -146,7 +157,14 @@ void BM_QuantizeFile(benchmark::State& state) {
   state.counters["sys_us_per_pair"] = 1e6 * cpu.sys / static_cast<double>(pairs);
   state.counters["page_faults"] = cpu.faults / n;
 }
+void BM_QuantizeFile(benchmark::State& state) {
+  quantize_file(state, kvarn::TileCompression::kNone);
+}
+void BM_QuantizeFileGzip(benchmark::State& state) {
+  quantize_file(state, kvarn::TileCompression::kGzip);
+}
 BENCHMARK(BM_QuantizeFile)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_QuantizeFileGzip)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // KVarN g128 tile pairs a case over `tiles` quantizes: per slab (T - sink) /
 // 128 per stream.

@@ -165,7 +165,7 @@ void write_ints_attr(H5::H5Object& obj, const std::string& name, const std::vect
 
 H5::DataSet write_dataset(H5::Group& g, const std::string& name, const H5::DataType& file_type,
                           const H5::DataType& mem_type, const std::vector<hsize_t>& dims,
-                          const void* data, std::vector<hsize_t> chunk) {
+                          const void* data, std::vector<hsize_t> chunk, Compression compression) {
   const int rank = static_cast<int>(dims.size());
   H5::DataSpace space(rank, dims.data());
   hsize_t total = 1;
@@ -176,8 +176,10 @@ H5::DataSet write_dataset(H5::Group& g, const std::string& name, const H5::DataT
     if (chunk.empty()) chunk = dims;
     for (int i = 0; i < rank; ++i) chunk[i] = std::max<hsize_t>(1, std::min(chunk[i], dims[i]));
     plist.setChunk(rank, chunk.data());
-    plist.setShuffle();
-    plist.setDeflate(4);
+    if (compression == Compression::kGzip) {
+      plist.setShuffle();
+      plist.setDeflate(4);
+    }
   }
   H5::DataSet ds = g.createDataSet(name, file_type, space, plist);
   if (total > 0) ds.write(data, mem_type);

@@ -693,8 +693,13 @@ struct TileWriter::Impl {
   H5::Group sequences;
 };
 
-TileWriter::TileWriter(const fs::path& path, TileFileInfo info, bool overwrite)
-    : path_(path), tmp_(temp_path_for(path)), info_(std::move(info)), overwrite_(overwrite) {
+TileWriter::TileWriter(const fs::path& path, TileFileInfo info, bool overwrite,
+                       TileCompression compression)
+    : path_(path),
+      tmp_(temp_path_for(path)),
+      info_(std::move(info)),
+      overwrite_(overwrite),
+      compression_(compression) {
   h5::silence_errors();
   const std::string f = path.string();
   KVARN_CHECK(overwrite || !fs::exists(path), f, ": refusing to overwrite an existing file");
@@ -783,9 +788,10 @@ void TileWriter::add_sequence(const SequenceData& seq) {
                "]");
         }
       }
-      H5::DataSet ds =
-          h5::write_dataset(g, ds_name, h5::f16_type(), h5::f16_type(), {L, heads, T, D},
-                            half.data(), {1, 1, std::min<hsize_t>(T, 256), D});
+      H5::DataSet ds = h5::write_dataset(
+          g, ds_name, h5::f16_type(), h5::f16_type(), {L, heads, T, D}, half.data(),
+          {1, 1, std::min<hsize_t>(T, 256), D},
+          compression_ == TileCompression::kGzip ? h5::Compression::kGzip : h5::Compression::kNone);
       if (post_rope >= 0) h5::write_int_attr(ds, "post_rope", post_rope);
       return ds;
     };

@@ -322,6 +322,7 @@ json capture_provenance(const CaptureOptions& o, const ModelConfig& cfg, const M
                       {"max_tokens", o.max_tokens},
                       {"compute_dtype", "float32"},
                       {"store_dtype", "float16"},
+                      {"compression", o.compress ? "gzip-4+shuffle" : "none"},
                       {"device", model.device()},
                       {"attention", "kvarn runner (libtorch, eager fp32 softmax)"},
                       {"capture", "single prefill forward over prompt + continuation"}};
@@ -556,7 +557,8 @@ CaptureResult run_capture(const CaptureOptions& o) {
 
   TileWriter writer(o.out,
                     capture_file_info(o, cfg, sel.layers, capture_source(o, config_json), prov),
-                    o.force);  // temporary sibling until finish()
+                    o.force,  // temporary sibling until finish()
+                    o.compress ? TileCompression::kGzip : TileCompression::kNone);
   CaptureResult result;
   result.out = o.out;
   json generation = json::array(), checks = json::array();

@@ -100,6 +100,9 @@ void add_capture_command(CLI::App& app) {
   cmd->add_flag("--concat", c->o.concat, "All prompts form one sequence (texts joined by \\n\\n)");
   cmd->add_flag("--no-pre-rope", c->no_pre_rope, "Do not store k_pre_rope");
   cmd->add_flag("--no-q", c->no_q, "Do not store queries");
+  cmd->add_flag("--compress", c->o.compress,
+                "Gzip (level 4, shuffled) the fp16 datasets: about 15 % smaller, but every "
+                "reader then inflates them");
   cmd->add_option("--model-name", c->o.model_name, "Root attribute `model` (default: dir name)");
   cmd->add_option("--source", c->o.source, "Root attribute `source`");
   cmd->add_flag("--force", c->o.force, "Overwrite --out if it exists");

@@ -64,14 +64,18 @@ class TileFileTest : public kvarn::testing::TempDirTest {
     return s;
   }
 
-  fs::path write_sample(const std::string& name = "tiles.h5") {
+  fs::path write_sample(const std::string& name = "tiles.h5",
+                        TileCompression compression = TileCompression::kNone) {
     const fs::path p = dir_ / name;
-    TileWriter w(p, make_info());
+    TileWriter w(p, make_info(), false, compression);
     w.add_sequence(make_seq(37, 1, true));
     w.add_sequence(make_seq(5, 9, false));
     w.finish();
     return p;
   }
+
+  // Reads back the file write_sample wrote (any storage): attributes and values bit for bit.
+  static void expect_round_trip(const fs::path& p);
 
   // Expects TileReader(p) (and, if given, an action on it) to throw a kvarn::Error whose message
   // contains every string in `parts`.
@@ -104,7 +108,52 @@ TEST_F(TileFileTest, HalfConversionRoundTripsEveryFiniteHalf) {
 }
 
 TEST_F(TileFileTest, RoundTripIsBitIdentical) {
-  const fs::path p = write_sample();
+  expect_round_trip(write_sample());
+  expect_round_trip(write_sample("gzip.h5", TileCompression::kGzip));
+}
+
+// The filters of /sequences/000000/`name`: their count, and whether deflate is among them.
+std::pair<int, bool> filters_of(const fs::path& p, const std::string& name) {
+  H5::H5File f(p.string(), H5F_ACC_RDONLY);
+  const H5::DSetCreatPropList pl = f.openDataSet("/sequences/000000/" + name).getCreatePlist();
+  const int n = pl.getNfilters();
+  bool deflate = false;
+  for (int i = 0; i < n; ++i) {
+    unsigned flags = 0, config = 0;
+    std::size_t cd_n = 0;
+    char fname[32];
+    deflate |=
+        pl.getFilter(i, flags, cd_n, nullptr, sizeof(fname), fname, config) == H5Z_FILTER_DEFLATE;
+  }
+  return {n, deflate};
+}
+
+TEST_F(TileFileTest, WritesUnfilteredChunksUnlessAskedToCompress) {
+  const fs::path plain = dir_ / "plain.h5";
+  {
+    TileWriter w(plain, make_info());  // the default
+    w.add_sequence(make_seq(37, 1, true));
+    w.finish();
+  }
+  const fs::path gzip = write_sample("gzip.h5", TileCompression::kGzip);
+  for (const char* name : {"k", "v", "k_pre_rope", "q"}) {
+    EXPECT_EQ(filters_of(plain, name), std::make_pair(0, false)) << name;
+    EXPECT_EQ(filters_of(gzip, name), std::make_pair(2, true)) << name;  // shuffle, deflate
+  }
+  // The same values either way.
+  TileReader a(plain), b(gzip);
+  for (const char* name : {"k", "v"})
+    for (int l = 0; l < kL; ++l)
+      for (int h = 0; h < kH; ++h) {
+        const TileMatrix x = a.read(0, name, l, h), y = b.read(0, name, l, h);
+        ASSERT_EQ(x.rows(), y.rows());
+        for (Eigen::Index i = 0; i < x.size(); ++i)
+          ASSERT_EQ(h5::float_to_half(x.data()[i]), h5::float_to_half(y.data()[i])) << name;
+      }
+}
+
+void TileFileTest::expect_round_trip(const fs::path& p) {
+  SCOPED_TRACE(p.string());
   TileReader r(p);
   const TileFileInfo& info = r.info();
   EXPECT_EQ(info.model, "test-model");

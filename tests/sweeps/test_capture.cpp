@@ -2,6 +2,7 @@
 // tiny random checkpoints of tests/eval_runner/make_reference.py and (when prepared) on SmolLM2;
 // reads the output back with TileReader and h5py, compares it with scripts/capture_tiles.py
 // (transformers) within fp16 rounding, and checks every bad-input error leaves nothing behind.
+#include <H5Cpp.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -136,6 +137,12 @@ void expect_fp16_close(const TileMatrix& a, const TileMatrix& b, const std::stri
   EXPECT_LE(worst, 1.0) << what << ": differs by more than fp16 rounding";
 }
 
+// The number of filters on /sequences/000000/k (0: unfiltered; 2: shuffle + gzip).
+int k_filters(const fs::path& tiles) {
+  H5::H5File f(tiles.string(), H5F_ACC_RDONLY);
+  return f.openDataSet("/sequences/000000/k").getCreatePlist().getNfilters();
+}
+
 TEST_F(CaptureTest, FixtureTextPromptsReadBackWithChecksAndProvenance) {
   const fs::path prompts = write("prompts.jsonl", kTwoPrompts);
   const fs::path out = dir_ / "tiles.h5";
@@ -173,6 +180,8 @@ TEST_F(CaptureTest, FixtureTextPromptsReadBackWithChecksAndProvenance) {
   EXPECT_EQ(prov["prompts"]["sha256"], sha256_file_hex(prompts));
   EXPECT_EQ(prov["model"]["config"]["architectures"][0], "Qwen3ForCausalLM");
   EXPECT_EQ(prov["settings"]["generate"], 6);
+  EXPECT_EQ(prov["settings"]["compression"], "none");
+  EXPECT_EQ(k_filters(out), 0);
   ASSERT_EQ(prov["checks"].size(), 2u);
   for (const auto& c : prov["checks"]) {
     EXPECT_EQ(c["k_vs_cache"], 0.0);
@@ -193,9 +202,12 @@ TEST_F(CaptureTest, FixtureTextPromptsReadBackWithChecksAndProvenance) {
   EXPECT_EQ(fs::last_write_time(out), before);
   const RunResult forced =
       run("capture --model " + fixture_dir().string() + " --prompts " + prompts.string() +
-          " --out " + out.string() + " --layers 3 --max-tokens 16 --force");
+          " --out " + out.string() + " --layers 3 --max-tokens 16 --force --compress");
   ASSERT_EQ(forced.rc, 0) << forced.err;
   EXPECT_EQ(TileReader(out).info().layers, (std::vector<int>{3}));
+  EXPECT_EQ(k_filters(out), 2);
+  EXPECT_EQ(nlohmann::json::parse(TileReader(out).info().provenance)["settings"]["compression"],
+            "gzip-4+shuffle");
 
   // h5py reads it (the stats command of the Python tool).
   if (python_has("h5py, numpy")) {
@@ -244,10 +256,12 @@ TEST_F(CaptureTest, FixtureMatchesPythonCaptureTiles) {
   const RunResult r =
       run("capture --model " + fixture_dir().string() + common + " --out " + ours.string());
   ASSERT_EQ(r.rc, 0) << r.err;
-  const RunResult p =
-      run("capture --model " + fixture_dir().string() + common + " --out " + theirs.string(),
-          python_tool());
+  const RunResult p = run("capture --model " + fixture_dir().string() + common + " --out " +
+                              theirs.string() + " --compress",
+                          python_tool());
   ASSERT_EQ(p.rc, 0) << p.err;
+  EXPECT_EQ(k_filters(ours), 0);
+  EXPECT_EQ(k_filters(theirs), 2);
   compare_tile_files(ours, theirs);
 }
 

@@ -40,12 +40,16 @@ void write_int_attr(H5::H5Object& obj, const std::string& name, long long value)
 void write_double_attr(H5::H5Object& obj, const std::string& name, double value);
 void write_ints_attr(H5::H5Object& obj, const std::string& name, const std::vector<int>& values);
 
+// Whether write_dataset filters a dataset's chunks through shuffle + gzip level 4.
+enum class Compression { kGzip, kNone };
+
 // Creates dataset `name` in `g` with shape `dims` and writes `data` (memory layout C order,
-// mem_type). Chunked with `chunk` (default: the whole shape, clamped) and gzip level 4 plus
-// shuffle; empty datasets are contiguous.
+// mem_type). Chunked with `chunk` (default: the whole shape, clamped), gzip level 4 plus shuffle
+// unless `compression` is kNone; empty datasets are contiguous.
 H5::DataSet write_dataset(H5::Group& g, const std::string& name, const H5::DataType& file_type,
                           const H5::DataType& mem_type, const std::vector<hsize_t>& dims,
-                          const void* data, std::vector<hsize_t> chunk = {});
+                          const void* data, std::vector<hsize_t> chunk = {},
+                          Compression compression = Compression::kGzip);
 
 // Innermost message of the current HDF5 error stack (the useful one, e.g. "truncated file"),
 // or the exception's own text.

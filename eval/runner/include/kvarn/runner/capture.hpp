@@ -51,6 +51,7 @@ struct CaptureOptions {
   bool concat = false;  // all prompts form one sequence (texts joined with "\n\n")
   bool force = false;   // overwrite --out
   bool pre_rope = true, q = true;
+  bool compress = false;  // gzip the fp16 datasets (TileCompression::kGzip)
   std::string device = "cpu";
   int num_threads = 0;
   std::string model_name;  // root attribute `model` (default: the model directory's name)
