@@ -380,7 +380,7 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
   // ---- producer: block metadata window (lane i holds block win_base + i) ----
   int win_base = -1000000, win = 0;
   auto block_meta = [&](int j) {  // KVarN: record -> phys >= 0, pool -> -(slot + 1)
-    if (static_cast<unsigned>(j - win_base) >= 32u) {  // also when a rotated range wraps
+    if (j - win_base >= 32) {
       win_base = j;
       const int jj = j + lane;
       win = 0;
@@ -397,21 +397,10 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
     return __shfl_sync(0xffffffffu, win, j - win_base);
   };
   int pj = j_begin, pc = 0;  // next block / row chunk to issue
-  // FP16: the CTA of KV head h walks its blocks from h / Hkv of the way into its range and wraps
-  // (the softmax is order-free), so the Hkv CTAs of a split stream Hkv pages far apart instead of
-  // one pool region together (H200 batch 8, docs/PERFORMANCE.md)
-  int rot = 0;
-  if constexpr (F == KvFormat::kFp16)
-    rot = static_cast<int>(static_cast<long long>(h) * max(j_end - j_begin, 0) / a.num_kv_heads);
   auto issue = [&](int stage) {
-    int jb = pj;  // the block in the rotated order
-    if constexpr (F == KvFormat::kFp16) {
-      jb += rot;
-      if (jb >= j_end) jb -= j_end - j_begin;
-    }
-    const int meta = block_meta(jb);
+    const int meta = block_meta(pj);
     unsigned char* dst = stages + stage * a.stage_bytes;
-    const int n_valid = min(G, len - jb * G);
+    const int n_valid = min(G, len - pj * G);
     int4 d;
     if (F == KvFormat::kKvarn && meta >= 0) {
       // the whole record in one bulk copy (size and addresses 16-byte aligned: host checks)
