@@ -10,7 +10,8 @@
 // replayed over a cache of constant K rows (uniform attention) must give the closed-form output
 // (the mean of the V rows) within a small bound; a case that fails reports an error instead of a
 // time.
-// Env: KVARN_BENCH_BUDGET_S (default 300) stops registering new decode work past the budget.
+// Env: KVARN_BENCH_BUDGET_S (default 300) stops registering new decode work past the budget;
+// KVARN_BENCH_GRID=1 adds the KVarN split x warp grid (grid/).
 #include <benchmark/benchmark.h>
 #include <cuda_fp16.h>
 
@@ -599,6 +600,25 @@ int main(int argc, char** argv) {
                   std::to_string(ctx) + "/w" + std::to_string(warps),
               [c](benchmark::State& s) { BM_DecodeBudgeted(s, c); });
         }
+  // KVARN_BENCH_GRID=1: KVarN split count x warps per CTA at batch 1 and 8, the data behind
+  // decode_num_splits / decode_num_warps for KVarN (not in the default sweep: ~400 cases).
+  const char* grid = std::getenv("KVARN_BENCH_GRID");
+  if (grid != nullptr && std::string(grid) == "1")
+    for (const char* f : {"k4v2", "k4v4"})
+      for (int hq : {32, 64})
+        for (int batch : {1, 8})
+          for (int ctx : {2048, 4096, 16384, 32768, 65536, 131072})
+            for (int warps : {1, 2})
+              for (int splits : {4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256}) {
+                if (splits > ctx / 128) continue;  // >= 1 record per split
+                if (batch > 1 && (splits > 32 || ctx < 16384)) continue;
+                if (batch == 1 && splits < 8) continue;
+                const DecodeCaseB c{f, hq, 8, batch, ctx, splits, warps};
+                reg(std::string("grid/") + f + "/hq" + std::to_string(hq) + "/hkv8/b" +
+                        std::to_string(batch) + "/ctx" + std::to_string(ctx) + "/s" +
+                        std::to_string(splits) + "/w" + std::to_string(warps),
+                    [c](benchmark::State& s) { BM_Decode(s, c); });
+              }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
