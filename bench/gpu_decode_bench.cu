@@ -191,7 +191,8 @@ void BM_ReadBandwidth(benchmark::State& st) {
   fill_random_bytes<<<grid(), 256>>>(buf.bytes(), bytes, 1);
   KVARN_CUDA_CHECK(cudaDeviceSynchronize());
   for (auto _ : st) {
-    const double t = time_median([&] { read_kernel<<<grid(), 256, 0, bench_stream()>>>(buf.p, n, out.p); }, 20, true);
+    const double t = time_median(
+        [&] { read_kernel<<<grid(), 256, 0, bench_stream()>>>(buf.p, n, out.p); }, 20, true);
     st.SetIterationTime(t);
     st.counters["bytes_read"] = static_cast<double>(bytes);
     st.counters["TBps"] = bytes / t * 1e-12;
@@ -203,7 +204,8 @@ void BM_CopyBandwidth(benchmark::State& st) {
   fill_random_bytes<<<grid(), 256>>>(a.bytes(), bytes, 2);
   KVARN_CUDA_CHECK(cudaDeviceSynchronize());
   for (auto _ : st) {
-    const double t = time_median([&] { copy_kernel<<<grid(), 256, 0, bench_stream()>>>(a.p, b.p, n); }, 20, true);
+    const double t = time_median(
+        [&] { copy_kernel<<<grid(), 256, 0, bench_stream()>>>(a.p, b.p, n); }, 20, true);
     st.SetIterationTime(t);
     st.counters["bytes_moved"] = 2.0 * bytes;
     st.counters["TBps"] = 2.0 * bytes / t * 1e-12;
@@ -323,7 +325,7 @@ void setup_tq(DecodeSetup& s, const DecodeCaseB& c) {
   p.format = DecodeFormat::kTurboQuant;
   p.block_size = page;
   p.max_blocks = nb;
-  p.tq = c.fmt == "tq3" ? kvarn::cuda::TqDecodeConfig{3, 3, true}
+  p.tq = c.fmt == "tq3"      ? kvarn::cuda::TqDecodeConfig{3, 3, true}
          : c.fmt == "tqk8v4" ? kvarn::cuda::TqDecodeConfig{8, 4, false}
                              : kvarn::cuda::TqDecodeConfig{4, 4, true};
   const int slot = kvarn::cuda::turboquant_slot_bytes(d, p.tq);
@@ -332,8 +334,8 @@ void setup_tq(DecodeSetup& s, const DecodeCaseB& c) {
   const int kb = p.tq.key_bits, vb = p.tq.value_bits;
   fill_random_bytes<<<grid(), 256>>>(cache, n_slots * slot, 9);
   const int key_bytes = kb == 8 ? d : d * kb / 8 + 2;
-  fill_tq_slots<<<grid(), 256>>>(cache, n_slots, slot, kb == 8 ? -1 : d * kb / 8,
-                                 kb == 8 ? d : 0, key_bytes + d * vb / 8);
+  fill_tq_slots<<<grid(), 256>>>(cache, n_slots, slot, kb == 8 ? -1 : d * kb / 8, kb == 8 ? d : 0,
+                                 key_bytes + d * vb / 8);
   s.bf.k_pool = cache;
   s.kv_bytes = static_cast<double>(c.batch) * c.hkv * c.ctx * slot;
   // closed form: one slot encoded by core's codecs, repeated; the output is its V reconstruction
@@ -576,8 +578,7 @@ int main(int argc, char** argv) {
           if (fp16_bytes > max_bytes) continue;
           const DecodeCaseB c{f, hq, hkv, batch, ctx};
           reg(std::string("decode/") + f + "/hq" + std::to_string(hq) + "/hkv" +
-                  std::to_string(hkv) + "/b" + std::to_string(batch) + "/ctx" +
-                  std::to_string(ctx),
+                  std::to_string(hkv) + "/b" + std::to_string(batch) + "/ctx" + std::to_string(ctx),
               [c](benchmark::State& s) { BM_DecodeBudgeted(s, c); });
         }
   // Split count at batch 1 (few CTAs, many splits): fixed counts next to the automatic one.

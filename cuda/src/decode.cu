@@ -34,7 +34,7 @@ int sm_count() {
 }
 
 KvFormat kernel_format(DecodeFormat f) {
-  return f == DecodeFormat::kKvarn ? KvFormat::kKvarn
+  return f == DecodeFormat::kKvarn  ? KvFormat::kKvarn
          : f == DecodeFormat::kFp16 ? KvFormat::kFp16
                                     : KvFormat::kFp8;
 }
@@ -42,22 +42,23 @@ KvFormat kernel_format(DecodeFormat f) {
 // KVarN G 128 warps per CTA (both compiled; H200 numbers in docs/PERFORMANCE.md): p.warps when
 // set; else 2 when the cache holds at most kFewRecordsPerSm records per SM (batch 1 at 2K-4K:
 // each record's latency is what is left and two warps halve it, k4v2 13.9 -> 12.7 us at 2K);
-// else the table's count for the bit pair, except that past kManyWarpSplits one-warp splits
-// (batch 1 from 32K) two warps lost (k4v4 batch 1 x 32K 30.0 -> 32.8 us, measured when each
-// warp still wrote its own partial output for the combine), so one.
+// else 2 when one-warp CTAs would be split more than kManyWarpSplits ways (few sequences x KV
+// heads: batch 1 from 16K, where two warps per record won at every context and both bit pairs,
+// k4v2 16K 22.7 -> 17.9 us, 128K 54.4 -> 51.2 us, k4v4 128K 66.4 -> 57.0 us); else the table's
+// count for the bit pair (batch >= 8: k4v2 1, k4v4 2).
 int g128_warps(const DecodeProblem& p) {
   if (p.warps > 0) return p.warps;
   constexpr long long kFewRecordsPerSm = 2;
-  constexpr int kManyWarpSplits = 32;
+  constexpr int kManyWarpSplits = 16;
   const long long records =
       static_cast<long long>(p.batch) * p.num_kv_heads * std::max(p.max_blocks, 0);
   if (records <= kFewRecordsPerSm * sm_count()) return 2;
-  if (decode_table_warps(DecodeFormat::kKvarn, p.kvarn.key_bits, p.kvarn.value_bits) != 2) return 1;
   DecodeProblem one = p;
   one.warps = 1;
-  return decode_num_splits(one) > kManyWarpSplits ? 1 : 2;
+  if (decode_num_splits(one) > kManyWarpSplits) return 2;
+  return decode_table_warps(DecodeFormat::kKvarn, p.kvarn.key_bits, p.kvarn.value_bits) == 2 ? 2
+                                                                                             : 1;
 }
-
 
 long long record_bytes_of(const DecodeProblem& p) {
   if (p.format != DecodeFormat::kKvarn) return 0;
@@ -98,10 +99,10 @@ namespace detail {
 
 bool launch_decode_instance(KvFormat f, int kb, int vb, const DecodeArgs& a, const LaunchShape& s,
                             cudaStream_t st) {
-#define KVARN_DECODE_DISPATCH_(format, KB, VB, unit, warps)       \
-  if (f == KvFormat::format && kb == KB && vb == VB) {          \
-    launch_decode<KvFormat::format, KB, VB>(a, s, st);          \
-    return true;                                                \
+#define KVARN_DECODE_DISPATCH_(format, KB, VB, unit, warps) \
+  if (f == KvFormat::format && kb == KB && vb == VB) {      \
+    launch_decode<KvFormat::format, KB, VB>(a, s, st);      \
+    return true;                                            \
   }
   KVARN_DECODE_INSTANCES(KVARN_DECODE_DISPATCH_)
 #undef KVARN_DECODE_DISPATCH_
@@ -141,8 +142,8 @@ int resident_ctas(const DecodeProblem& p) {
                       : detail::stage_bytes_for<KvFormat::kFp8>(p.head_dim, w, 0);
   detail::LaunchShape s{p.head_dim, p.block_size, 1, 1, 1, w, &n};
   const bool kv = f == KvFormat::kKvarn;
-  if (!detail::launch_decode_instance(f, kv ? p.kvarn.key_bits : 8, kv ? p.kvarn.value_bits : 8,
-                                      a, s, nullptr))
+  if (!detail::launch_decode_instance(f, kv ? p.kvarn.key_bits : 8, kv ? p.kvarn.value_bits : 8, a,
+                                      s, nullptr))
     return 0;
   return n;
 }
@@ -165,10 +166,14 @@ int decode_num_splits(const DecodeProblem& p) {
   // Per device and kernel instantiation (and record layout); asked once per key: this runs on
   // every decode step.
   static thread_local std::map<std::array<int, 8>, int> cache;
-  const std::array<int, 8> key = {current_device(),       static_cast<int>(p.format),
-                                  p.head_dim,             p.block_size,
-                                  p.kvarn.key_bits,       p.kvarn.value_bits,
-                                  static_cast<int>(p.kvarn.scales), warps};
+  const std::array<int, 8> key = {current_device(),
+                                  static_cast<int>(p.format),
+                                  p.head_dim,
+                                  p.block_size,
+                                  p.kvarn.key_bits,
+                                  p.kvarn.value_bits,
+                                  static_cast<int>(p.kvarn.scales),
+                                  warps};
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, resident_ctas(p)).first;
   const int resident = it->second;
@@ -183,14 +188,17 @@ int decode_num_splits(const DecodeProblem& p) {
   long long s = std::max(1LL, slots / ctas);
   // FP16 and KVarN beyond 16 splits (few sequences and heads: batch 1): the combine's serial loop
   // over the splits costs more than the extra parallelism gives, so at least 1024 (FP16) / 512
-  // (KVarN) tokens per split there (H200, batch 1: 8-17 % faster at 16K-32K, unchanged elsewhere).
-  // FP8 lost at short context with such a floor and keeps one wave of CTAs.
-  constexpr long long kManySplits = 16;
-  if (s > kManySplits &&
-      (p.format == DecodeFormat::kFp16 || p.format == DecodeFormat::kKvarn)) {
-    const long long min_tokens = p.format == DecodeFormat::kKvarn ? 512 : 1024;
+  // (KVarN) tokens per split there (H200, batch 1: 8-17 % faster at 16K-32K, unchanged elsewhere),
+  // except that KVarN keeps one record per split up to 32 splits (batch 1 x 4K k4v2: 32 splits
+  // 12.2 us, 16 splits 13.2 us). FP8 lost at short context with such a floor and keeps one wave
+  // of CTAs.
+  constexpr long long kManySplits = 16, kKvarnManySplits = 32;
+  if (s > kManySplits && (p.format == DecodeFormat::kFp16 || p.format == DecodeFormat::kKvarn)) {
+    const bool kvarn = p.format == DecodeFormat::kKvarn;
+    const long long min_tokens = kvarn ? 512 : 1024;
     const long long tokens = static_cast<long long>(p.max_blocks) * p.block_size;
-    s = std::max(kManySplits, std::min(s, tokens / min_tokens));
+    s = std::max(std::min(s, kvarn ? kKvarnManySplits : kManySplits),
+                 std::min(s, tokens / min_tokens));
   }
   // TurboQuant past 64 splits (batch 1): at least 256 tokens per split, as the combine's loop
   // over the splits outweighs the parallelism there (H200, batch 1: 4K 1.24-1.27x, 16K
@@ -221,17 +229,18 @@ std::size_t decode_workspace_bytes(const DecodeProblem& p) {
 }
 
 void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t stream) {
-  KVARN_CHECK(p.num_kv_heads > 0 && p.num_q_heads % p.num_kv_heads == 0,
-              "paged_decode: Hq ", p.num_q_heads, " not a multiple of Hkv ", p.num_kv_heads);
-  KVARN_CHECK(p.num_q_heads / p.num_kv_heads <= kDecodeHeads, "paged_decode: Hq / Hkv = ",
-              p.num_q_heads / p.num_kv_heads, " > ", kDecodeHeads);
+  KVARN_CHECK(p.num_kv_heads > 0 && p.num_q_heads % p.num_kv_heads == 0, "paged_decode: Hq ",
+              p.num_q_heads, " not a multiple of Hkv ", p.num_kv_heads);
+  KVARN_CHECK(p.num_q_heads / p.num_kv_heads <= kDecodeHeads,
+              "paged_decode: Hq / Hkv = ", p.num_q_heads / p.num_kv_heads, " > ", kDecodeHeads);
   KVARN_CHECK(b.workspace != nullptr, "paged_decode: workspace required");
-  // An explicit warp count must be one that is compiled: 1 or 2 for KVarN G 128, else the fixed one.
-  KVARN_CHECK(p.warps == 0 || ((p.warps == 1 || p.warps == 2) &&
-                               p.warps == (p.format == DecodeFormat::kTurboQuant
-                                               ? 1
-                                               : decode_warps(kernel_format(p.format),
-                                                              p.block_size, p.warps))),
+  // An explicit warp count must be one that is compiled: 1 or 2 for KVarN G 128, else the fixed
+  // one.
+  KVARN_CHECK(p.warps == 0 ||
+                  ((p.warps == 1 || p.warps == 2) &&
+                   p.warps == (p.format == DecodeFormat::kTurboQuant
+                                   ? 1
+                                   : decode_warps(kernel_format(p.format), p.block_size, p.warps))),
               "paged_decode: warps ", p.warps,
               " not compiled for this format and block size (0: automatic)");
   if (p.batch == 0) return;
@@ -272,8 +281,7 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
     t.page = p.block_size;
     t.stage_bytes = detail::tq_stage_bytes(tq_slot(p));
     t.qk_scale = sm_scale * 1.4426950408889634f;
-    t.rot_scale = c.key_bits == 8 ? 0.0f
-                                  : static_cast<float>(1.0 / std::sqrt(double(p.head_dim)));
+    t.rot_scale = c.key_bits == 8 ? 0.0f : static_cast<float>(1.0 / std::sqrt(double(p.head_dim)));
     t.nc = c.nc ? 1 : 0;
     detail::fill_tq_tables(p.head_dim, c.key_bits, t);
     t.o_part = static_cast<float*>(b.workspace);
@@ -307,14 +315,14 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
   if (p.format == DecodeFormat::kKvarn) {
     const KvarnConfig& c = p.kvarn;
     KVARN_CHECK(c.group == p.block_size, "paged_decode: block_size must equal the KVarN group");
-    KVARN_CHECK(c.rotation != RotationKind::kHaar, "paged_decode: rotation not supported on the GPU");
+    KVARN_CHECK(c.rotation != RotationKind::kHaar,
+                "paged_decode: rotation not supported on the GPU");
     const KvarnRecordLayout lay = kvarn_record_layout(p.head_dim, c);
     KVARN_CHECK(lay.aligned % 16 == 0 && lay.s_col_k % 32 == 0 && lay.v_codes % 32 == 0,
                 "paged_decode: record layout not 16/32-byte aligned");
     a.record_bytes = static_cast<long long>(lay.aligned);
     // The query and output rotations use the cache's matrix: +-fp16(1/sqrt(D)) by default.
-    a.rot_scale = c.rotation == RotationKind::kHadamardFp16
-                      ? hadamard_fp16_entry(p.head_dim)
+    a.rot_scale = c.rotation == RotationKind::kHadamardFp16 ? hadamard_fp16_entry(p.head_dim)
                   : c.rotation == RotationKind::kHadamard
                       ? static_cast<float>(1.0 / std::sqrt(double(p.head_dim)))
                       : 0.0f;
@@ -327,10 +335,10 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
     a.s_row_v = static_cast<int>(lay.s_row_v);
     a.zp_v = static_cast<int>(lay.zp_v);
     a.stage_bytes = detail::stage_bytes_for<KvFormat::kKvarn>(p.head_dim, warps, a.record_bytes);
-    KVARN_CHECK(detail::launch_decode_instance(KvFormat::kKvarn, c.key_bits, c.value_bits, a, s,
-                                               stream),
-                "paged_decode: KVarN k", c.key_bits, "v", c.value_bits, " not compiled (",
-                decode_compiled_list(DecodeFormat::kKvarn), ")");
+    KVARN_CHECK(
+        detail::launch_decode_instance(KvFormat::kKvarn, c.key_bits, c.value_bits, a, s, stream),
+        "paged_decode: KVarN k", c.key_bits, "v", c.value_bits, " not compiled (",
+        decode_compiled_list(DecodeFormat::kKvarn), ")");
   } else {
     a.rot_scale = 0.0f;
     const KvFormat f = kernel_format(p.format);

@@ -2,9 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <cmath>
 #include <numeric>
 #include <sstream>
 #include <string>
@@ -78,7 +78,8 @@ TEST_P(PagedDecode, MatchesCpuReference) {
   // per sequence, per KV head: rotated-frame K/V the kernel must see ([L, D] each)
   std::vector<std::vector<float>> kref(c.batch * hkv), vref(c.batch * hkv);
   const std::size_t page = static_cast<std::size_t>(g) * d;
-  std::vector<std::uint8_t> records(kv ? static_cast<std::size_t>(num_phys) * hkv * lay.aligned : 0);
+  std::vector<std::uint8_t> records(kv ? static_cast<std::size_t>(num_phys) * hkv * lay.aligned
+                                       : 0);
   const std::size_t elem = c.fmt == DecodeFormat::kFp8 ? 1 : 2;
   // pool / pages sized for every physical block (simple; slots < num_phys)
   std::vector<std::uint8_t> kpool(static_cast<std::size_t>(num_phys) * hkv * page * elem, 0xFF),
@@ -108,7 +109,8 @@ TEST_P(PagedDecode, MatchesCpuReference) {
           for (int x = 0; x < d; ++x) {
             kr[static_cast<std::size_t>(t) * d + x] =
                 round_to_half(static_cast<float>(rng.normal()) * chan[x] + 0.5f);
-            vr[static_cast<std::size_t>(t) * d + x] = round_to_half(static_cast<float>(rng.normal()));
+            vr[static_cast<std::size_t>(t) * d + x] =
+                round_to_half(static_cast<float>(rng.normal()));
           }
         std::vector<float> kseen(page), vseen(page);
         if (kv && !pool) {
@@ -136,7 +138,8 @@ TEST_P(PagedDecode, MatchesCpuReference) {
                 kseen[i] = fp8_bits_to_float(kb8, Fp8Format::kE4M3) * k_scale[h];
                 vseen[i] = fp8_bits_to_float(vb8, Fp8Format::kE4M3) * v_scale[h];
               } else {
-                const std::uint16_t kh = float_to_half_bits(kseen[i]), vh = float_to_half_bits(vseen[i]);
+                const std::uint16_t kh = float_to_half_bits(kseen[i]),
+                                    vh = float_to_half_bits(vseen[i]);
                 std::memcpy(&kpool[o * 2], &kh, 2);
                 std::memcpy(&vpool[o * 2], &vh, 2);
                 kseen[i] = half_bits_to_float(kh);
@@ -200,24 +203,25 @@ std::vector<DecodeCase> decode_cases() {
   v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 2, 7000, 0, false, 1, 1e-5, 2});
   v.push_back({F::kKvarn, 4, 2, 128, 128, 16, 2, 1, 1, 0, false, 1, 1e-5, 2});
   v.push_back({F::kKvarn, 4, 2, 64, 128, 64, 8, 5, 500});
-  v.push_back({F::kKvarn, 4, 2, 128, 64, 12, 4, 4, 600});   // qpk 3 (padded)
-  v.push_back({F::kKvarn, 4, 4, 64, 64, 8, 8, 7, 300});     // MHA
-  v.push_back({F::kKvarn, 4, 2, 128, 128, 16, 2, 1, 1});    // a single token
+  v.push_back({F::kKvarn, 4, 2, 128, 64, 12, 4, 4, 600});  // qpk 3 (padded)
+  v.push_back({F::kKvarn, 4, 4, 64, 64, 8, 8, 7, 300});    // MHA
+  v.push_back({F::kKvarn, 4, 2, 128, 128, 16, 2, 1, 1});   // a single token
   v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 2, 2000, 1});
   v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 2, 2000, 7});
   v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 9, 1500, 0, true});  // fp8 scales
   for (std::uint64_t seed = 2; seed < 5; ++seed)
-    v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 1 + static_cast<int>(seed * 3), 1200, 0, false, seed});
-  v.push_back({F::kKvarn, 4, 2, 32, 128, 32, 8, 3, 500});    // G 32
-  v.push_back({F::kKvarn, 8, 8, 32, 64, 16, 4, 3, 300});     // 8-bit codes, G 32, D 64
-  v.push_back({F::kKvarn, 2, 2, 32, 64, 40, 8, 2, 400});     // 2-bit codes, qpk 5 (padded)
-  v.push_back({F::kKvarn, 3, 2, 64, 64, 16, 8, 3, 700});     // 3-bit keys, qpk 2
+    v.push_back(
+        {F::kKvarn, 4, 2, 128, 128, 32, 8, 1 + static_cast<int>(seed * 3), 1200, 0, false, seed});
+  v.push_back({F::kKvarn, 4, 2, 32, 128, 32, 8, 3, 500});            // G 32
+  v.push_back({F::kKvarn, 8, 8, 32, 64, 16, 4, 3, 300});             // 8-bit codes, G 32, D 64
+  v.push_back({F::kKvarn, 2, 2, 32, 64, 40, 8, 2, 400});             // 2-bit codes, qpk 5 (padded)
+  v.push_back({F::kKvarn, 3, 2, 64, 64, 16, 8, 3, 700});             // 3-bit keys, qpk 2
   v.push_back({F::kKvarn, 4, 4, 128, 128, 64, 8, 2, 900, 0, true});  // qpk 8, fp8 scales
-  v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 2, 7000});  // long: many automatic splits
-  v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 1, 3000, 64});  // more splits than blocks/2
+  v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 2, 7000});          // long: many automatic splits
+  v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 1, 3000, 64});      // more splits than blocks/2
   for (F f : {F::kFp16, F::kFp8}) {
-    v.push_back({f, 8, 8, 32, 128, 32, 8, 3, 3000});   // page 32, long, auto splits
-    v.push_back({f, 8, 8, 128, 64, 40, 8, 2, 1000});   // qpk 5, D 64
+    v.push_back({f, 8, 8, 32, 128, 32, 8, 3, 3000});  // page 32, long, auto splits
+    v.push_back({f, 8, 8, 128, 64, 40, 8, 2, 1000});  // qpk 5, D 64
     v.push_back({f, 8, 8, 128, 128, 64, 8, 2, 5000, 40});
     v.push_back({f, 8, 8, 128, 128, 32, 8, 4, 900});
     v.push_back({f, 8, 8, 64, 128, 64, 8, 3, 700, 3});
@@ -230,9 +234,9 @@ std::vector<DecodeCase> decode_cases() {
 INSTANTIATE_TEST_SUITE_P(Cuda, PagedDecode, ::testing::ValuesIn(decode_cases()),
                          [](const auto& info) { return case_name(info.param); });
 
-// KVarN G 128 warps per CTA: an explicit count wins; a cache of a few records per SM takes two;
-// a larger one the table's count for the bit pair (k4v2 1, k4v4 2), k4v4 one past 32 one-warp
-// splits; other groups are fixed.
+// KVarN G 128 warps per CTA: an explicit count wins; a cache of a few records per SM takes two,
+// so does one that one-warp CTAs would split more than 16 ways (batch 1); else the table's count
+// for the bit pair (k4v2 1, k4v4 2); other groups are fixed.
 TEST(PagedDecodeWarps, AutomaticChoice) {
   KVARN_REQUIRE_GPU();
   int sms = 0;
@@ -247,12 +251,15 @@ TEST(PagedDecodeWarps, AutomaticChoice) {
   };
   const int few = 2 * sms / 8;  // blocks per sequence at batch 1, Hkv 8: two records per SM
   EXPECT_EQ(warps(4, 2, 128, 1, few, 0), 2);
-  EXPECT_EQ(warps(4, 2, 128, 1, few + 1, 0), 1);
+  EXPECT_EQ(warps(4, 2, 128, 1, few + 1, 0), 2);  // 32 one-warp splits
   EXPECT_EQ(warps(4, 4, 128, 1, few + 1, 0), 2);
-  EXPECT_EQ(warps(4, 4, 128, 1, 128, 0), 2);  // batch 1 x 16K: 32 one-warp splits
-  EXPECT_EQ(warps(4, 4, 128, 1, 256, 0), 1);  // batch 1 x 32K: 64 one-warp splits
-  EXPECT_EQ(warps(4, 2, 128, 8, 256, 0), 1);
+  for (int blocks : {128, 256, 1024}) {  // batch 1 x 16K, 32K, 128K: 32 to 132 one-warp splits
+    EXPECT_EQ(warps(4, 2, 128, 1, blocks, 0), 2) << blocks;
+    EXPECT_EQ(warps(4, 4, 128, 1, blocks, 0), 2) << blocks;
+  }
+  EXPECT_EQ(warps(4, 2, 128, 8, 256, 0), 1);  // batch 8: 16 one-warp splits, the table's count
   EXPECT_EQ(warps(4, 4, 128, 8, 256, 0), 2);
+  EXPECT_EQ(warps(4, 2, 128, 4, 2, 0), 2);  // 64 records: few per SM
   EXPECT_EQ(warps(4, 2, 128, 1, few, 1), 1);
   EXPECT_EQ(warps(4, 4, 128, 8, 256, 1), 1);
   EXPECT_EQ(warps(4, 2, 128, 8, 256, 2), 2);
@@ -287,6 +294,28 @@ TEST(Fp16DecodeSplits, TwoCtasPerSm) {
     EXPECT_EQ(splits(8, 256), 4);    // 32K (8 before)
     EXPECT_EQ(splits(32, 256), 1);   // (2 before)
   }
+}
+
+// Automatic KVarN split count (k4v2, D 128, G 128, Hkv 8) at batch 1: one record per split up to
+// 32 splits, then at least 512 tokens per split, at most one wave of resident CTAs. Needs no
+// device (132 SMs and a shared-memory bound without one).
+TEST(KvarnDecodeSplits, OneRecordPerSplitUpToThirtyTwo) {
+  auto splits = [](int batch, int max_blocks) {
+    cuda::DecodeProblem p =
+        decode_problem(DecodeFormat::kKvarn, batch, 32, 8, 128, 128, max_blocks);
+    p.kvarn.key_bits = 4;
+    p.kvarn.value_bits = 2;
+    p.kvarn.group = 128;
+    return cuda::decode_num_splits(p);
+  };
+  const int wave = splits(1, 8192);  // 1M tokens: as many splits as one wave of CTAs holds
+  ASSERT_GE(wave, 64);
+  EXPECT_EQ(splits(1, 8), 8);                       // 1K: one record per split
+  EXPECT_EQ(splits(1, 16), 16);                     // 2K
+  EXPECT_EQ(splits(1, 32), 32);                     // 4K (16 with the 512-token floor alone)
+  EXPECT_EQ(splits(1, 128), 32);                    // 16K: 512 tokens per split
+  EXPECT_EQ(splits(1, 256), 64);                    // 32K
+  EXPECT_EQ(splits(1, 1024), std::min(wave, 256));  // 128K
 }
 
 }  // namespace
