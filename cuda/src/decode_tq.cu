@@ -18,15 +18,27 @@ void fill_tq_tables(int head_dim, int key_bits, TqDecodeArgs& a) {
 }
 
 namespace {
+template <int D, int KB, int VB, bool NC, int W>
+void launch_tq_w(const TqDecodeArgs& a, const LaunchShape& s, cudaStream_t stream) {
+  using T = TqTraits<D, KB, VB, W>;
+  auto kernel = paged_decode_tq_kernel<D, KB, VB, NC, W>;
+  static DeviceSmemLimit smem_set;  // per instantiation and device
+  smem_set.raise(kernel, T::kSmemBytes);
+  const int ctas = (s.num_splits + W - 1) / W;  // warp w of CTA x: split x W + w
+  kernel<<<dim3(ctas, s.num_kv_heads, s.batch), 32 * W, T::kSmemBytes, stream>>>(a);
+  KVARN_CUDA_CHECK_LAUNCH("paged_decode_tq_kernel");
+}
+
 template <int D, int KB, int VB, bool NC>
 void launch_tq_nc(const TqDecodeArgs& a, const LaunchShape& s, cudaStream_t stream) {
-  using T = TqTraits<D, KB, VB>;
-  const int smem = 128 + T::kStages * a.stage_bytes + T::kTabBytes;
-  auto kernel = paged_decode_tq_kernel<D, KB, VB, NC>;
-  static DeviceSmemLimit smem_set;  // per instantiation and device
-  smem_set.raise(kernel, smem);
-  kernel<<<dim3(s.num_splits, s.num_kv_heads, s.batch), 32, smem, stream>>>(a);
-  KVARN_CUDA_CHECK_LAUNCH("paged_decode_tq_kernel");
+  static_assert(sizeof(kTqCompiledWarps) == 3 * sizeof(int), "one branch per compiled count");
+  if (s.warps == 8) {
+    launch_tq_w<D, KB, VB, NC, 8>(a, s, stream);
+  } else if (s.warps == 4) {
+    launch_tq_w<D, KB, VB, NC, 4>(a, s, stream);
+  } else {
+    launch_tq_w<D, KB, VB, NC, 1>(a, s, stream);
+  }
 }
 
 template <int KB, int VB>
