@@ -57,13 +57,11 @@ struct SplitBlocks {
   int len, j_begin, j_end;
   const int* table;
 };
-// (split: blockIdx.x, or the warp's split where a CTA's warps work several; a split past the
-// last one gets an empty range)
+// (split, b: blockIdx.x and .z, or the warp's own where a CTA's warps work several)
 __device__ __forceinline__ SplitBlocks split_blocks(const int* seq_lens, const int* block_table,
                                                     int max_blocks, int block_size,
-                                                    int num_splits, int split) {
+                                                    int num_splits, int split, int b) {
   SplitBlocks r;
-  const int b = blockIdx.z;
   r.len = seq_lens[b];
   const int nb = min((r.len + block_size - 1) / block_size, max_blocks);
   const int bps = (nb + num_splits - 1) / num_splits;
@@ -75,7 +73,8 @@ __device__ __forceinline__ SplitBlocks split_blocks(const int* seq_lens, const i
 __device__ __forceinline__ SplitBlocks split_blocks(const int* seq_lens, const int* block_table,
                                                     int max_blocks, int block_size,
                                                     int num_splits) {
-  return split_blocks(seq_lens, block_table, max_blocks, block_size, num_splits, blockIdx.x);
+  return split_blocks(seq_lens, block_table, max_blocks, block_size, num_splits, blockIdx.x,
+                      blockIdx.z);
 }
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid = true) {

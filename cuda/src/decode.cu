@@ -283,6 +283,7 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
     t.max_blocks = p.max_blocks;
     t.seq_lens = b.seq_lens;
     t.cache = static_cast<const unsigned char*>(b.k_pool);
+    t.batch = p.batch;
     t.num_q_heads = p.num_q_heads;
     t.num_kv_heads = p.num_kv_heads;
     t.qpk = p.num_q_heads / p.num_kv_heads;

@@ -2,6 +2,7 @@
 #include "decode_launch.cuh"
 #include "kvarn/core/lloyd_max.hpp"
 #include "kvarn/core/portable_math.hpp"
+#include "kvarn/data/error.hpp"
 #include "decode_tq.cuh"
 
 namespace kvarn::cuda::detail {
@@ -24,8 +25,11 @@ void launch_tq_w(const TqDecodeArgs& a, const LaunchShape& s, cudaStream_t strea
   auto kernel = paged_decode_tq_kernel<D, KB, VB, NC, W>;
   static DeviceSmemLimit smem_set;  // per instantiation and device
   smem_set.raise(kernel, T::kSmemBytes);
-  const int ctas = (s.num_splits + W - 1) / W;  // warp w of CTA x: split x W + w
-  kernel<<<dim3(ctas, s.num_kv_heads, s.batch), 32 * W, T::kSmemBytes, stream>>>(a);
+  // warp w of CTA x: item stream x W + w of batch x Hkv x splits
+  const long long streams = static_cast<long long>(s.batch) * s.num_kv_heads * s.num_splits;
+  const long long ctas = (streams + W - 1) / W;
+  KVARN_CHECK(ctas < (1LL << 31), "paged_decode: TurboQuant grid of ", ctas, " CTAs");
+  kernel<<<static_cast<unsigned>(ctas), 32 * W, T::kSmemBytes, stream>>>(a);
   KVARN_CUDA_CHECK_LAUNCH("paged_decode_tq_kernel");
 }
 

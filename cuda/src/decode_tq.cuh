@@ -50,7 +50,7 @@ struct TqDecodeArgs {
   int max_blocks;
   const int* seq_lens;
   const unsigned char* cache;  // [num_blocks, Hkv, P, slot]
-  int num_q_heads, num_kv_heads, qpk, num_splits;
+  int batch, num_q_heads, num_kv_heads, qpk, num_splits;
   int page;         // P (multiple of 16)
   float qk_scale;   // softmax scale * log2(e)
   float rot_scale;  // 1/sqrt(D) (Lloyd-Max keys) or 0 (fp8 keys)
@@ -211,8 +211,9 @@ __device__ __forceinline__ std::uint32_t hmul2_u32(std::uint32_t a) {
 
 }  // namespace detail
 
-// NC: norm correction (a.nc) as a compile-time flag (Lloyd-Max keys only). W warps per CTA,
-// warp w working split blockIdx.x * W + w.
+// NC: norm correction (a.nc) as a compile-time flag (Lloyd-Max keys only). W warps per CTA: warp
+// w works item stream blockIdx.x * W + w of the batch x Hkv x num_splits streams (split fastest),
+// so CTAs stay full whatever the split count; the streams past the last only help fill the table.
 template <int D, int KB, int VB, bool NC, int W>
 __global__ void __launch_bounds__(32 * W, TqTraits<D, KB, VB, W>::kMinCtas)
     paged_decode_tq_kernel(TqDecodeArgs a) {
@@ -230,16 +231,19 @@ __global__ void __launch_bounds__(32 * W, TqTraits<D, KB, VB, W>::kMinCtas)
   std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(wsm + 64);
   unsigned char* stages = wsm + 128;
 
-  const int split = blockIdx.x * W + warp, h = blockIdx.y, b = blockIdx.z;
+  const int stream = blockIdx.x * W + warp, per_seq = a.num_kv_heads * a.num_splits;
+  const bool live = stream < a.batch * per_seq;
+  const int b = live ? stream / per_seq : 0, hs = stream - b * per_seq;
+  const int h = live ? hs / a.num_splits : 0, split = live ? hs - h * a.num_splits : a.num_splits;
   const int P = a.page;
   if (lane == 0)
 #pragma unroll
     for (int i = 0; i < T::kStages; ++i) mbar_init(&bars[i], 1);
   __syncwarp();
   unsigned bar_phase = 0;  // bit i: parity of the next phase of bars[i] to wait for
-  // (a warp past the last split has no blocks: it only helps fill the table)
+  // (a stream past the last has split num_splits: no blocks)
   const SplitBlocks range =
-      split_blocks(a.seq_lens, a.block_table, a.max_blocks, P, a.num_splits, split);
+      split_blocks(a.seq_lens, a.block_table, a.max_blocks, P, a.num_splits, split, b);
   const int len = range.len, j_begin = range.j_begin, j_end = range.j_end;
   const int* table = range.table;
 
@@ -479,7 +483,7 @@ __global__ void __launch_bounds__(32 * W, TqTraits<D, KB, VB, W>::kMinCtas)
       __syncthreads();
     }
   }
-  if (split >= a.num_splits) return;  // after the table barrier
+  if (!live) return;  // after the table barrier
   int cst = 0;  // stage of item `it`
   for (int it = 0; it < issued; ++it) {
     cp_async_wait<T::kStages - 2>();

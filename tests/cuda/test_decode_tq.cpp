@@ -201,8 +201,9 @@ std::vector<TqCase> tq_cases() {
 INSTANTIATE_TEST_SUITE_P(Cuda, TqDecode, ::testing::ValuesIn(tq_cases()),
                          [](const auto& info) { return tq_name(info.param); });
 
-// Automatic split count of TurboQuant: one split per warp, one wave of resident warps (the CTAs
-// per SM that shared memory and __launch_bounds__ allow, times the warps per CTA), at most
+// Automatic split count of TurboQuant: one split per warp (the CTAs take W consecutive item
+// streams of batch x Hkv x splits, so they stay full), one wave of resident warps (the CTAs per SM
+// that shared memory and __launch_bounds__ allow, times the warps per CTA), at most
 // max_blocks / 2, and past 64 splits (batch 1) at least 256 tokens per split. Needs no device
 // (132 SMs without one).
 TEST(TqDecodeSplits, OneWaveCappedByTokensPastSixtyFour) {
