@@ -59,8 +59,8 @@ struct SplitBlocks {
 };
 // (split, b: blockIdx.x and .z, or the warp's own where a CTA's warps work several)
 __device__ __forceinline__ SplitBlocks split_blocks(const int* seq_lens, const int* block_table,
-                                                    int max_blocks, int block_size,
-                                                    int num_splits, int split, int b) {
+                                                    int max_blocks, int block_size, int num_splits,
+                                                    int split, int b) {
   SplitBlocks r;
   r.len = seq_lens[b];
   const int nb = min((r.len + block_size - 1) / block_size, max_blocks);

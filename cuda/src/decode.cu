@@ -297,8 +297,8 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
     detail::fill_tq_tables(p.head_dim, c.key_bits, t);
     t.o_part = static_cast<float*>(b.workspace);
     t.lse = t.o_part + static_cast<std::size_t>(p.batch) * p.num_q_heads * splits * p.head_dim;
-    detail::LaunchShape s{p.head_dim, p.block_size, splits, p.batch, p.num_kv_heads,
-                          decode_num_warps(p)};
+    detail::LaunchShape s{p.head_dim, p.block_size,   splits,
+                          p.batch,    p.num_kv_heads, decode_num_warps(p)};
     detail::launch_turboquant(c.key_bits, c.value_bits, t, p.head_dim, s, stream);
     launch_combine(p, t.o_part, t.lse, splits, out_rot, b.out, stream);
     return;

@@ -1,9 +1,9 @@
 // TurboQuant decode: centroid tables from core's codebook, launch of the split kernel.
 #include "decode_launch.cuh"
+#include "decode_tq.cuh"
 #include "kvarn/core/lloyd_max.hpp"
 #include "kvarn/core/portable_math.hpp"
 #include "kvarn/data/error.hpp"
-#include "decode_tq.cuh"
 
 namespace kvarn::cuda::detail {
 

@@ -13,8 +13,11 @@
 //   p'' = p * s_t (fp16). The output is not un-rotated.
 // Work item: 16 tokens of one page (16 * slot bytes, copied verbatim into one of kStages stages:
 // a full item by one bulk copy (cp.async.bulk) completing on the stage's mbarrier, the partial
-// last item of a sequence by cp.async with the bytes past it zero-filled). One warp per CTA,
-// lane = 4 g + c. The output rescale of an item is skipped when no running max grew (alpha = 1).
+// last item of a sequence by cp.async with the bytes past it zero-filled). One warp per split,
+// lane = 4 g + c; W (1, 4 or 8) such warps per CTA, each with its own stages and mbarriers, take
+// W consecutive (sequence, KV head, split) streams and share the centroid pair table, which the
+// whole CTA fills once (one block barrier): the table's shared memory is paid once per W warps.
+// The output rescale of an item is skipped when no running max grew (alpha = 1).
 //   QK^T: A = centroids [tokens g, g + 8 (M) x channels (k)], B = q'^T, C = S^T. Lane c owns
 //     the channels [c D/4, (c + 1) D/4): k-step s, A/B element e <-> channel c D/4 + 4 s + e
 //     (so a lane reads one 16-bit word of 4-bit indices per k-step and token). 4-bit indices
@@ -26,15 +29,19 @@
 //     adjacent A elements are one funnel shift, one mask, one add and one 32-bit load, against
 //     ~10 shift / lop3 / prmt for the planes (H200, batch 8-32 x 16K-32K: 1.10-1.12x faster
 //     despite 12 instead of 18 resident CTAs per SM). The same table for 4-bit indices (256
-//     entries; 8 or 16 copies, so lanes share banks) lost at batch 8-32 (0.94-1.01x with 8
-//     copies, 0.76-0.98x with 16: fewer CTAs per SM and bank conflicts).
+//     entries) with one warp per CTA lost at batch 8-32 (8 or 16 copies, so lanes share banks:
+//     0.94-1.01x with 8 copies, 0.76-0.98x with 16: fewer CTAs per SM and bank conflicts); with
+//     eight warps sharing it, it has its 32 copies (32 KB) and 16 warps per SM (tq_uses_table).
+//     The lane's copy offset 4 l joins the masked entry offset by the same lop3.
 //     Norm correction: sum_d c^2 per token by one extra mma per k-step on hmul2(A, A) against
 //     a ones B fragment (rows = tokens, all columns equal); a template parameter (NC), so the
 //     kernel without it carries no branch.
 //   PV: A = value codes^T [channels (M) x tokens (k)], B = P''^T (movmatrix of S^T). Codes
-//     become exact fp16 integers (codes_to_half2: 0x6400 exponent, lop3 + hfma2); row e of an
-//     M-tile holds channel g D/8 + 2 mt + e, code field e of a byte pair. (Keeping 1024 + c in
-//     the operand and subtracting 1024 sum p'' at the end, as the KVarN records do per record,
+//     become exact fp16 integers (codes_to_half2: 0x6400 exponent in a register, so one lop3,
+//     then one hfma2); row e of an M-tile holds channel g D/8 + 2 mt + e, code field e of a byte
+//     pair. 3-bit codes at D 128: 16-bit windows of both tokens side by side (v3_pair_window),
+//     one prmt per two M-tiles instead of two funnel shifts and a prmt per tile. (Keeping 1024 + c
+//     in the operand and subtracting 1024 sum p'' at the end, as the KVarN records do per record,
 //     cost 1.7e-5 NMSE here: O accumulates across all items of a split.)
 #ifndef KVARN_CUDA_DECODE_TQ_CUH_
 #define KVARN_CUDA_DECODE_TQ_CUH_
@@ -156,8 +163,10 @@ __device__ __forceinline__ std::uint32_t centroid_bits(int i, const std::uint32_
                                                        const std::uint32_t (&hi_t)[4]) {
   const std::uint32_t sel = static_cast<std::uint32_t>(i & 7);
   // (constant register indices: a run-time index would put the planes in local memory)
-  const std::uint32_t lo = i < 8 ? __byte_perm(lo_t[0], lo_t[1], sel) : __byte_perm(lo_t[2], lo_t[3], sel);
-  const std::uint32_t hi = i < 8 ? __byte_perm(hi_t[0], hi_t[1], sel) : __byte_perm(hi_t[2], hi_t[3], sel);
+  const std::uint32_t lo =
+      i < 8 ? __byte_perm(lo_t[0], lo_t[1], sel) : __byte_perm(lo_t[2], lo_t[3], sel);
+  const std::uint32_t hi =
+      i < 8 ? __byte_perm(hi_t[0], hi_t[1], sel) : __byte_perm(hi_t[2], hi_t[3], sel);
   return (lo & 0xffu) | ((hi & 0xffu) << 8);
 }
 // Fills the replicated pair table (TqTraits::kTab*): 16-byte stores of four copies of an entry,
@@ -192,15 +201,24 @@ __device__ __forceinline__ std::uint32_t entry_offset(const std::uint32_t (&w)[N
 __device__ __forceinline__ std::uint32_t v3_pair_window(const std::uint32_t (&a)[2],
                                                         const std::uint32_t (&b)[2], int mt) {
   switch (mt) {
-    case 0: return __byte_perm(a[0], b[0], 0x5410);                 // bits 0..15
-    case 1: return __byte_perm(a[0], b[0], 0x5410) >> 6;
-    case 2: return __byte_perm(a[0], b[0], 0x6521) >> 4;            // bits 8..23
-    case 3: return __byte_perm(a[0], b[0], 0x7632) >> 2;            // bits 16..31
-    case 4: return __byte_perm(a[0], b[0], 0x7632) >> 8;
-    case 5:                                                         // bits 24..39
-      return __byte_perm(__funnelshift_r(a[0], a[1], 24), __funnelshift_r(b[0], b[1], 24), 0x5410) >> 6;
-    case 6: return __byte_perm(a[1], b[1], 0x5410) >> 4;            // bits 32..47
-    default: return __byte_perm(a[1], b[1], 0x5410) >> 10;
+    case 0:
+      return __byte_perm(a[0], b[0], 0x5410);  // bits 0..15
+    case 1:
+      return __byte_perm(a[0], b[0], 0x5410) >> 6;
+    case 2:
+      return __byte_perm(a[0], b[0], 0x6521) >> 4;  // bits 8..23
+    case 3:
+      return __byte_perm(a[0], b[0], 0x7632) >> 2;  // bits 16..31
+    case 4:
+      return __byte_perm(a[0], b[0], 0x7632) >> 8;
+    case 5:  // bits 24..39
+      return __byte_perm(__funnelshift_r(a[0], a[1], 24), __funnelshift_r(b[0], b[1], 24),
+                         0x5410) >>
+             6;
+    case 6:
+      return __byte_perm(a[1], b[1], 0x5410) >> 4;  // bits 32..47
+    default:
+      return __byte_perm(a[1], b[1], 0x5410) >> 10;
   }
 }
 __device__ __forceinline__ std::uint32_t hmul2_u32(std::uint32_t a) {
@@ -310,9 +328,8 @@ __global__ void __launch_bounds__(32 * W, TqTraits<D, KB, VB, W>::kMinCtas)
   auto issue = [&]() {
     const int n_blk = min(P, len - pj * P);
     const int n = min(16, n_blk - prow);
-    const unsigned char* src = head_base +
-                               static_cast<long long>(block_phys(pj)) * page_bytes +
-                               prow * T::kSlot;
+    const unsigned char* src =
+        head_base + static_cast<long long>(block_phys(pj)) * page_bytes + prow * T::kSlot;
     unsigned char* dst = stages + pst * T::kStageBytes;
     if (n == 16) {  // a full item: contiguous and 16-byte aligned (P is a multiple of 16)
       if (lane == 0) {
@@ -484,7 +501,7 @@ __global__ void __launch_bounds__(32 * W, TqTraits<D, KB, VB, W>::kMinCtas)
     }
   }
   if (!live) return;  // after the table barrier
-  int cst = 0;  // stage of item `it`
+  int cst = 0;        // stage of item `it`
   for (int it = 0; it < issued; ++it) {
     cp_async_wait<T::kStages - 2>();
     __syncwarp();

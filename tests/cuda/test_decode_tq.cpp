@@ -179,10 +179,10 @@ std::vector<TqCase> tq_cases() {
   for (const cuda::DecodeInstance& i : cuda::kDecodeInstances) {
     if (i.format != cuda::DecodeFormat::kTurboQuant) continue;
     for (int w : cuda::kTqCompiledWarps) {
-      v.push_back({i.key_bits, i.value_bits, i.key_bits != 8, 128, 32, 8, 3, 1000, 16, 7, 2, {},
-                   1e-5, w});
-      v.push_back({i.key_bits, i.value_bits, i.key_bits != 8, 64, 12, 4, 2, 700, 32, 0, 3, {},
-                   1e-5, w});
+      v.push_back(
+          {i.key_bits, i.value_bits, i.key_bits != 8, 128, 32, 8, 3, 1000, 16, 7, 2, {}, 1e-5, w});
+      v.push_back(
+          {i.key_bits, i.value_bits, i.key_bits != 8, 64, 12, 4, 2, 700, 32, 0, 3, {}, 1e-5, w});
     }
   }
   v.push_back({3, 3, true, 64, 8, 8, 7, 300, 16, 0, 3});  // MHA, D 64, 3-bit (odd lane bytes)
@@ -227,8 +227,8 @@ TEST(TqDecodeSplits, OneWaveCappedByTokensPastSixtyFour) {
   struct Row {
     int kb, warps, per_sm;
   };
-  for (const Row r : {Row{4, 1, 16}, Row{3, 1, 12}, Row{3, 4, 20}, Row{4, 4, 20}, Row{4, 8, 16},
-                      Row{3, 8, 16}}) {
+  for (const Row r :
+       {Row{4, 1, 16}, Row{3, 1, 12}, Row{3, 4, 20}, Row{4, 4, 20}, Row{4, 8, 16}, Row{3, 8, 16}}) {
     for (int blocks : {64, 128, 256, 1024, 2048, 4096, 8192}) {  // 1K .. 128K tokens
       for (int batch : {1, 8, 32}) {
         EXPECT_EQ(cuda::decode_num_splits(problem(r.kb, batch, blocks, r.warps)),
@@ -239,7 +239,7 @@ TEST(TqDecodeSplits, OneWaveCappedByTokensPastSixtyFour) {
   }
   EXPECT_EQ(cuda::decode_num_warps(problem(3, 8, 2048, 0)), 4);
   EXPECT_EQ(cuda::decode_num_warps(problem(4, 8, 2048, 0)), 8);
-  if (sms == 132) {                              // H200
+  if (sms == 132) {                                                   // H200
     EXPECT_EQ(cuda::decode_num_splits(problem(4, 1, 128, 1)), 64);    // 2K: two blocks a split
     EXPECT_EQ(cuda::decode_num_splits(problem(4, 1, 1024, 1)), 64);   // 16K: the token floor
     EXPECT_EQ(cuda::decode_num_splits(problem(4, 1, 8192, 1)), 264);  // 128K: one wave
