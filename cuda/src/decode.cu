@@ -212,11 +212,10 @@ int decode_num_splits(const DecodeProblem& p) {
 namespace {
 
 // TurboQuant warps per CTA (each its own split; they share the key centroid table): p.warps when
-// set, else by key bits.
-int tq_warps(const DecodeProblem& p) {
-  if (p.warps > 0) return p.warps;
-  return p.tq.key_bits == 3 ? 4 : p.tq.key_bits == 4 ? 8 : 1;
-}
+// set, else one. Four (3-bit keys: 20 instead of 12 warps per SM) and eight (4-bit keys from the
+// pair table) are compiled and timed by the tqwarps/ benchmark family; they become the automatic
+// choice once measured faster on the H200 (docs/PERFORMANCE.md).
+int tq_warps(const DecodeProblem& p) { return p.warps > 0 ? p.warps : 1; }
 
 bool tq_warps_compiled(int warps) {
   for (int w : kTqCompiledWarps)
