@@ -1,6 +1,7 @@
 // H200 decode benchmarks: device read/copy bandwidth (the roofline), KVarN store throughput, and
 // the paged decode sweep (KVarN k4v2/k4v4, FP16, FP8, TurboQuant 4bit_nc / 3bit_nc / k8v4), fixed
-// split counts at batch 1 (splits/) and each KVarN G 128 warp count per CTA (warps/).
+// split counts at batch 1 (splits/), each KVarN G 128 warp count per CTA (warps/) and each
+// TurboQuant warp count per CTA (tqwarps/).
 // Manual timing with CUDA events, median of repetitions. Before every timed repetition the L2 is
 // flushed by READING a buffer of three times its size (a memset would leave dirty lines whose
 // write-back lands in the timed kernel). Everything runs on one created stream; each decode step
@@ -28,6 +29,7 @@
 #include "kvarn/core/rotation.hpp"
 #include "kvarn/core/turboquant.hpp"
 #include "kvarn/cuda/api.hpp"
+#include "kvarn/cuda/decode_instances.hpp"
 
 namespace {
 
@@ -255,7 +257,7 @@ struct DecodeCaseB {
   std::string fmt;  // k4v2 k4v4 fp16 fp8 tq4 tq3 tqk8v4
   int hq, hkv, batch, ctx;
   int splits = 0;  // 0: decode_num_splits' choice
-  int warps = 0;   // KVarN G 128 warps per CTA; 0: paged_decode's choice
+  int warps = 0;   // KVarN G 128 / TurboQuant warps per CTA; 0: paged_decode's choice
 };
 
 // One region of the cache: random content for timing, constant content for the closed form.
@@ -620,6 +622,18 @@ int main(int argc, char** argv) {
                         std::to_string(splits) + "/w" + std::to_string(warps),
                     [c](benchmark::State& s) { BM_Decode(s, c); });
               }
+  // TurboQuant on each compiled warp count per CTA, next to the automatic choice (decode/).
+  for (auto [hq, hkv] : std::vector<std::pair<int, int>>{{32, 8}, {64, 8}})
+    for (int batch : {1, 8, 32, 128})
+      for (int ctx : {2048, 16384, 32768, 131072})
+        for (const char* f : {"tq4", "tq3"})
+          for (int warps : kvarn::cuda::kTqCompiledWarps) {
+            const DecodeCaseB c{f, hq, hkv, batch, ctx, 0, warps};
+            reg(std::string("tqwarps/") + f + "/hq" + std::to_string(hq) + "/hkv" +
+                    std::to_string(hkv) + "/b" + std::to_string(batch) + "/ctx" +
+                    std::to_string(ctx) + "/w" + std::to_string(warps),
+                [c](benchmark::State& s) { BM_DecodeBudgeted(s, c); });
+          }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

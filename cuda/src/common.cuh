@@ -57,18 +57,24 @@ struct SplitBlocks {
   int len, j_begin, j_end;
   const int* table;
 };
+// (split, b: blockIdx.x and .z, or the warp's own where a CTA's warps work several)
 __device__ __forceinline__ SplitBlocks split_blocks(const int* seq_lens, const int* block_table,
-                                                    int max_blocks, int block_size,
-                                                    int num_splits) {
+                                                    int max_blocks, int block_size, int num_splits,
+                                                    int split, int b) {
   SplitBlocks r;
-  const int b = blockIdx.z;
   r.len = seq_lens[b];
   const int nb = min((r.len + block_size - 1) / block_size, max_blocks);
   const int bps = (nb + num_splits - 1) / num_splits;
-  r.j_begin = blockIdx.x * bps;
+  r.j_begin = split * bps;
   r.j_end = min(nb, r.j_begin + bps);
   r.table = block_table + static_cast<long long>(b) * max_blocks;
   return r;
+}
+__device__ __forceinline__ SplitBlocks split_blocks(const int* seq_lens, const int* block_table,
+                                                    int max_blocks, int block_size,
+                                                    int num_splits) {
+  return split_blocks(seq_lens, block_table, max_blocks, block_size, num_splits, blockIdx.x,
+                      blockIdx.z);
 }
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid = true) {
@@ -183,9 +189,7 @@ __device__ __forceinline__ std::uint32_t e4m3x2_to_half2(std::uint32_t x) {
 // (x & mask) | 0x6400 is the fp16 1024 + c * 2^(f kBits) (magic exponent, one lop3), and one
 // hfma2 by 2^-(f kBits) with bias -1024 * 2^-(f kBits) leaves c exactly. No branches.
 template <int kBits, int kField>
-__device__ __forceinline__ std::uint32_t codes_to_half2(std::uint32_t x) {
-  constexpr std::uint32_t kMask = ((1u << kBits) - 1u) << (kField * kBits);
-  const std::uint32_t v = (x & (kMask | (kMask << 16))) | 0x64006400u;
+__device__ __forceinline__ std::uint32_t magic_codes_to_half2(std::uint32_t v) {
   // fp16 bit patterns of 2^-(f kBits) and -2^(10 - f kBits), as immediates (no conversions)
   constexpr std::uint32_t kScale = (15u - kField * kBits) << 10;
   constexpr std::uint32_t kBias = 0x8000u | ((25u - kField * kBits) << 10);
@@ -194,6 +198,11 @@ __device__ __forceinline__ std::uint32_t codes_to_half2(std::uint32_t x) {
       : "=r"(r)
       : "r"(v), "r"(kScale | (kScale << 16)), "r"(kBias | (kBias << 16)));
   return r;
+}
+template <int kBits, int kField>
+__device__ __forceinline__ std::uint32_t codes_to_half2(std::uint32_t x) {
+  constexpr std::uint32_t kMask = ((1u << kBits) - 1u) << (kField * kBits);
+  return magic_codes_to_half2<kBits, kField>((x & (kMask | (kMask << 16))) | 0x64006400u);
 }
 
 // The same without the hfma2: half2 of 1024 + c * 2^(f kBits) (exact; f kBits <= 6). The caller
@@ -271,6 +280,11 @@ __device__ __forceinline__ std::uint32_t codes_raw(std::uint32_t x, std::uint32_
       : "=r"(r)
       : "r"(x), "n"(kMask | (kMask << 16)), "r"(magic));
   return r;
+}
+// codes_to_half2 with the magic in a register (see codes_raw): one lop3 and one hfma2.
+template <int kBits, int kField>
+__device__ __forceinline__ std::uint32_t codes_to_half2(std::uint32_t x, std::uint32_t magic) {
+  return magic_codes_to_half2<kBits, kField>(codes_raw<kBits, kField>(x, magic));
 }
 // codes_raw of field i % kPack of a byte holding kPack fields: i is a constant once the caller's
 // loop is unrolled, so this folds to the one lop3 of that field.

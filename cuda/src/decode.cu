@@ -159,10 +159,9 @@ int decode_num_splits(const DecodeProblem& p) {
   if (p.num_splits > 0) return p.num_splits;
   const bool tq = p.format == DecodeFormat::kTurboQuant;
   const int warps = decode_num_warps(p);
-  const int smem = tq ? detail::tq_smem_bytes(tq_slot(p), p.tq.key_bits)
+  const int smem = tq ? tq_smem_bytes(tq_slot(p), p.tq.key_bits, warps)
                       : detail::decode_smem_bytes(kernel_format(p.format), p.head_dim, warps,
                                                   record_bytes_of(p));
-  // TurboQuant: __launch_bounds__(32, 16) caps the registers at 16 CTAs per SM
   // Per device and kernel instantiation (and record layout); asked once per key: this runs on
   // every decode step.
   static thread_local std::map<std::array<int, 8>, int> cache;
@@ -178,6 +177,8 @@ int decode_num_splits(const DecodeProblem& p) {
   if (it == cache.end()) it = cache.emplace(key, resident_ctas(p)).first;
   const int resident = it->second;
   long long per_sm = resident > 0 ? resident : std::clamp(233472 / (smem + 1024), 1, tq ? 16 : 32);
+  // TurboQuant: a split is one warp; __launch_bounds__ caps the registers at tq_min_ctas CTAs
+  if (tq) per_sm = std::clamp(233472 / (smem + 1024), 1, tq_min_ctas(warps)) * warps;
   // FP16: splits for two CTAs per SM, not the four that are resident: fewer concurrent streams
   // read faster (H200: batch 8 1-3 %, batch 1 x 64K-128K and batch 32 x 32K 0.5-1 % faster;
   // batch 128 has one split either way).
@@ -216,8 +217,24 @@ int decode_num_splits(const DecodeProblem& p) {
   return static_cast<int>(std::clamp<long long>(s, 1, 1024));
 }
 
+namespace {
+
+// TurboQuant warps per CTA (each its own split; they share the key centroid table): p.warps when
+// set, else one. Four (3-bit keys: 20 instead of 12 warps per SM) and eight (4-bit keys from the
+// pair table) are compiled and timed by the tqwarps/ benchmark family; they become the automatic
+// choice once measured faster on the H200 (docs/PERFORMANCE.md).
+int tq_warps(const DecodeProblem& p) { return p.warps > 0 ? p.warps : 1; }
+
+bool tq_warps_compiled(int warps) {
+  for (int w : kTqCompiledWarps)
+    if (w == warps) return true;
+  return false;
+}
+
+}  // namespace
+
 int decode_num_warps(const DecodeProblem& p) {
-  if (p.format == DecodeFormat::kTurboQuant) return 1;
+  if (p.format == DecodeFormat::kTurboQuant) return tq_warps(p);
   const KvFormat f = kernel_format(p.format);
   return decode_warps(f, p.block_size, f == KvFormat::kKvarn ? g128_warps(p) : 1);
 }
@@ -236,11 +253,11 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
   KVARN_CHECK(b.workspace != nullptr, "paged_decode: workspace required");
   // An explicit warp count must be one that is compiled: 1 or 2 for KVarN G 128, else the fixed
   // one.
-  KVARN_CHECK(p.warps == 0 ||
-                  ((p.warps == 1 || p.warps == 2) &&
-                   p.warps == (p.format == DecodeFormat::kTurboQuant
-                                   ? 1
-                                   : decode_warps(kernel_format(p.format), p.block_size, p.warps))),
+  KVARN_CHECK(p.warps == 0 || (p.format == DecodeFormat::kTurboQuant
+                                   ? tq_warps_compiled(p.warps)
+                                   : (p.warps == 1 || p.warps == 2) &&
+                                         p.warps == decode_warps(kernel_format(p.format),
+                                                                 p.block_size, p.warps)),
               "paged_decode: warps ", p.warps,
               " not compiled for this format and block size (0: automatic)");
   if (p.batch == 0) return;
@@ -274,19 +291,21 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
     t.max_blocks = p.max_blocks;
     t.seq_lens = b.seq_lens;
     t.cache = static_cast<const unsigned char*>(b.k_pool);
+    t.batch = p.batch;
     t.num_q_heads = p.num_q_heads;
     t.num_kv_heads = p.num_kv_heads;
     t.qpk = p.num_q_heads / p.num_kv_heads;
     t.num_splits = splits;
     t.page = p.block_size;
-    t.stage_bytes = detail::tq_stage_bytes(tq_slot(p));
     t.qk_scale = sm_scale * 1.4426950408889634f;
     t.rot_scale = c.key_bits == 8 ? 0.0f : static_cast<float>(1.0 / std::sqrt(double(p.head_dim)));
     t.nc = c.nc ? 1 : 0;
+    t.code_magic = 0x64006400u;
     detail::fill_tq_tables(p.head_dim, c.key_bits, t);
     t.o_part = static_cast<float*>(b.workspace);
     t.lse = t.o_part + static_cast<std::size_t>(p.batch) * p.num_q_heads * splits * p.head_dim;
-    detail::LaunchShape s{p.head_dim, p.block_size, splits, p.batch, p.num_kv_heads, 1};
+    detail::LaunchShape s{p.head_dim, p.block_size,   splits,
+                          p.batch,    p.num_kv_heads, decode_num_warps(p)};
     detail::launch_turboquant(c.key_bits, c.value_bits, t, p.head_dim, s, stream);
     launch_combine(p, t.o_part, t.lse, splits, out_rot, b.out, stream);
     return;

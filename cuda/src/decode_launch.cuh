@@ -102,15 +102,10 @@ void launch_decode(const DecodeArgs& a, const LaunchShape& s, cudaStream_t strea
   })
 }
 
-// TurboQuant: stage bytes (16-token items) and dynamic shared memory.
+// TurboQuant: slot bytes (the stage and shared-memory sizes are in decode_tq.cuh).
 inline int tq_slot_bytes(int head_dim, int kb, int vb) {
   const int key = kb == 8 ? head_dim : head_dim * kb / 8 + 2;
   return (key + head_dim * vb / 8 + 4 + 1) / 2 * 2;
-}
-inline int tq_stage_bytes(int slot) { return round128(16LL * slot); }
-inline int tq_smem_bytes(int slot, int key_bits) {  // + the 3-bit keys' centroid table
-  return 128 + TqTraits<128, 4, 4>::kStages * tq_stage_bytes(slot) +
-         (key_bits == 3 ? TqTraits<128, 3, 3>::kTabBytes : 0);
 }
 void fill_tq_tables(int head_dim, int key_bits, TqDecodeArgs& a);
 bool launch_turboquant(int kb, int vb, const TqDecodeArgs& a, int head_dim, const LaunchShape& s,

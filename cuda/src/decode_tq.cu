@@ -1,8 +1,9 @@
 // TurboQuant decode: centroid tables from core's codebook, launch of the split kernel.
 #include "decode_launch.cuh"
+#include "decode_tq.cuh"
 #include "kvarn/core/lloyd_max.hpp"
 #include "kvarn/core/portable_math.hpp"
-#include "decode_tq.cuh"
+#include "kvarn/data/error.hpp"
 
 namespace kvarn::cuda::detail {
 
@@ -18,15 +19,30 @@ void fill_tq_tables(int head_dim, int key_bits, TqDecodeArgs& a) {
 }
 
 namespace {
+template <int D, int KB, int VB, bool NC, int W>
+void launch_tq_w(const TqDecodeArgs& a, const LaunchShape& s, cudaStream_t stream) {
+  using T = TqTraits<D, KB, VB, W>;
+  auto kernel = paged_decode_tq_kernel<D, KB, VB, NC, W>;
+  static DeviceSmemLimit smem_set;  // per instantiation and device
+  smem_set.raise(kernel, T::kSmemBytes);
+  // warp w of CTA x: item stream x W + w of batch x Hkv x splits
+  const long long streams = static_cast<long long>(s.batch) * s.num_kv_heads * s.num_splits;
+  const long long ctas = (streams + W - 1) / W;
+  KVARN_CHECK(ctas < (1LL << 31), "paged_decode: TurboQuant grid of ", ctas, " CTAs");
+  kernel<<<static_cast<unsigned>(ctas), 32 * W, T::kSmemBytes, stream>>>(a);
+  KVARN_CUDA_CHECK_LAUNCH("paged_decode_tq_kernel");
+}
+
 template <int D, int KB, int VB, bool NC>
 void launch_tq_nc(const TqDecodeArgs& a, const LaunchShape& s, cudaStream_t stream) {
-  using T = TqTraits<D, KB, VB>;
-  const int smem = 128 + T::kStages * a.stage_bytes + T::kTabBytes;
-  auto kernel = paged_decode_tq_kernel<D, KB, VB, NC>;
-  static DeviceSmemLimit smem_set;  // per instantiation and device
-  smem_set.raise(kernel, smem);
-  kernel<<<dim3(s.num_splits, s.num_kv_heads, s.batch), 32, smem, stream>>>(a);
-  KVARN_CUDA_CHECK_LAUNCH("paged_decode_tq_kernel");
+  static_assert(sizeof(kTqCompiledWarps) == 3 * sizeof(int), "one branch per compiled count");
+  if (s.warps == 8) {
+    launch_tq_w<D, KB, VB, NC, 8>(a, s, stream);
+  } else if (s.warps == 4) {
+    launch_tq_w<D, KB, VB, NC, 4>(a, s, stream);
+  } else {
+    launch_tq_w<D, KB, VB, NC, 1>(a, s, stream);
+  }
 }
 
 template <int KB, int VB>

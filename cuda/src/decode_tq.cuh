@@ -13,8 +13,11 @@
 //   p'' = p * s_t (fp16). The output is not un-rotated.
 // Work item: 16 tokens of one page (16 * slot bytes, copied verbatim into one of kStages stages:
 // a full item by one bulk copy (cp.async.bulk) completing on the stage's mbarrier, the partial
-// last item of a sequence by cp.async with the bytes past it zero-filled). One warp per CTA,
-// lane = 4 g + c. The output rescale of an item is skipped when no running max grew (alpha = 1).
+// last item of a sequence by cp.async with the bytes past it zero-filled). One warp per split,
+// lane = 4 g + c; W (1, 4 or 8) such warps per CTA, each with its own stages and mbarriers, take
+// W consecutive (sequence, KV head, split) streams and share the centroid pair table, which the
+// whole CTA fills once (one block barrier): the table's shared memory is paid once per W warps.
+// The output rescale of an item is skipped when no running max grew (alpha = 1).
 //   QK^T: A = centroids [tokens g, g + 8 (M) x channels (k)], B = q'^T, C = S^T. Lane c owns
 //     the channels [c D/4, (c + 1) D/4): k-step s, A/B element e <-> channel c D/4 + 4 s + e
 //     (so a lane reads one 16-bit word of 4-bit indices per k-step and token). 4-bit indices
@@ -26,20 +29,25 @@
 //     adjacent A elements are one funnel shift, one mask, one add and one 32-bit load, against
 //     ~10 shift / lop3 / prmt for the planes (H200, batch 8-32 x 16K-32K: 1.10-1.12x faster
 //     despite 12 instead of 18 resident CTAs per SM). The same table for 4-bit indices (256
-//     entries; 8 or 16 copies, so lanes share banks) lost at batch 8-32 (0.94-1.01x with 8
-//     copies, 0.76-0.98x with 16: fewer CTAs per SM and bank conflicts).
+//     entries) with one warp per CTA lost at batch 8-32 (8 or 16 copies, so lanes share banks:
+//     0.94-1.01x with 8 copies, 0.76-0.98x with 16: fewer CTAs per SM and bank conflicts); with
+//     eight warps sharing it, it has its 32 copies (32 KB) and 16 warps per SM (tq_uses_table).
+//     The lane's copy offset 4 l joins the masked entry offset by the same lop3.
 //     Norm correction: sum_d c^2 per token by one extra mma per k-step on hmul2(A, A) against
 //     a ones B fragment (rows = tokens, all columns equal); a template parameter (NC), so the
 //     kernel without it carries no branch.
 //   PV: A = value codes^T [channels (M) x tokens (k)], B = P''^T (movmatrix of S^T). Codes
-//     become exact fp16 integers (codes_to_half2: 0x6400 exponent, lop3 + hfma2); row e of an
-//     M-tile holds channel g D/8 + 2 mt + e, code field e of a byte pair. (Keeping 1024 + c in
-//     the operand and subtracting 1024 sum p'' at the end, as the KVarN records do per record,
+//     become exact fp16 integers (codes_to_half2: 0x6400 exponent in a register, so one lop3,
+//     then one hfma2); row e of an M-tile holds channel g D/8 + 2 mt + e, code field e of a byte
+//     pair. 3-bit codes at D 128: 16-bit windows of both tokens side by side (v3_pair_window),
+//     one prmt per two M-tiles instead of two funnel shifts and a prmt per tile. (Keeping 1024 + c
+//     in the operand and subtracting 1024 sum p'' at the end, as the KVarN records do per record,
 //     cost 1.7e-5 NMSE here: O accumulates across all items of a split.)
 #ifndef KVARN_CUDA_DECODE_TQ_CUH_
 #define KVARN_CUDA_DECODE_TQ_CUH_
 
 #include "decode.cuh"
+#include "kvarn/cuda/decode_instances.hpp"
 
 namespace kvarn::cuda {
 
@@ -49,19 +57,39 @@ struct TqDecodeArgs {
   int max_blocks;
   const int* seq_lens;
   const unsigned char* cache;  // [num_blocks, Hkv, P, slot]
-  int num_q_heads, num_kv_heads, qpk, num_splits;
+  int batch, num_q_heads, num_kv_heads, qpk, num_splits;
   int page;         // P (multiple of 16)
-  int stage_bytes;  // multiple of 128, >= 16 * slot
   float qk_scale;   // softmax scale * log2(e)
   float rot_scale;  // 1/sqrt(D) (Lloyd-Max keys) or 0 (fp8 keys)
   int nc;           // norm correction
+  std::uint32_t code_magic;  // 0x64006400 (see codes_raw); a parameter so it stays in a register
   // fp16 centroid byte planes: byte i of lo[] / hi[] = low / high byte of centroid i
   std::uint32_t tab_lo[4], tab_hi[4];
   float* o_part;
   float* lse;
 };
 
-template <int D, int KB, int VB>
+// Launch shape of W warps per CTA, each its own split (item stream, stages, mbarriers); the
+// CTA's warps share the key centroid pair table, filled once. Host and device use these.
+constexpr int tq_stages(int warps) { return warps == 1 ? 6 : warps == 4 ? 5 : 4; }
+// resident CTAs per SM the registers must allow (__launch_bounds__)
+constexpr int tq_min_ctas(int warps) { return warps == 1 ? 16 : warps == 4 ? 5 : 2; }
+// Key centroids from the shared-memory pair table (see the header comment): 3-bit keys always;
+// 4-bit keys (256 entries, 32 KB) where eight warps share it.
+constexpr bool tq_uses_table(int key_bits, int warps) {
+  return key_bits == 3 || (key_bits == 4 && warps >= 8);
+}
+constexpr int kTqTabRep = 32;  // copies: lane l reads copy l, so every lane has its own bank
+constexpr int tq_table_bytes(int key_bits, int warps) {
+  return tq_uses_table(key_bits, warps) ? (1 << (2 * key_bits)) * kTqTabRep * 4 : 0;
+}
+constexpr int tq_stage_bytes(int slot) { return (16 * slot + 127) / 128 * 128; }
+// [table][per warp: 128-byte header (item sizes, mbarriers), its stages]
+constexpr int tq_smem_bytes(int slot, int key_bits, int warps) {
+  return tq_table_bytes(key_bits, warps) + warps * (128 + tq_stages(warps) * tq_stage_bytes(slot));
+}
+
+template <int D, int KB, int VB, int W = 1>
 struct TqTraits {
   static constexpr int kKSteps = D / 16;
   static constexpr int kIdxBytes = KB == 8 ? D : D * KB / 8;
@@ -69,12 +97,14 @@ struct TqTraits {
   static constexpr int kVCodeBytes = D * VB / 8;
   static constexpr int kSlot = (kKeyBytes + kVCodeBytes + 4 + 1) / 2 * 2;
   static constexpr int kItemBytes = 16 * kSlot;
-  static constexpr int kStages = 6;
-  // 3-bit keys: centroids from a shared-memory pair table (see the header comment); 32 copies,
-  // lane l reading copy l, so every lane has its own bank.
-  static constexpr int kTabEntries = KB == 3 ? 1 << (2 * KB) : 0;
-  static constexpr int kTabRep = 32;
-  static constexpr int kTabBytes = kTabEntries * kTabRep * 4;
+  static constexpr int kStageBytes = tq_stage_bytes(kSlot);
+  static constexpr int kStages = tq_stages(W);
+  static constexpr int kMinCtas = tq_min_ctas(W);
+  static constexpr bool kTab = tq_uses_table(KB, W);
+  static constexpr int kTabRep = kTqTabRep;
+  static constexpr int kTabBytes = tq_table_bytes(KB, W);
+  static constexpr int kWarpBytes = 128 + kStages * kStageBytes;
+  static constexpr int kSmemBytes = tq_smem_bytes(kSlot, KB, W);
   static_assert(D % 64 == 0 && (KB == 3 || KB == 4 || KB == 8) && (VB == 3 || VB == 4), "tq");
 };
 
@@ -132,17 +162,20 @@ __device__ __forceinline__ void centroids4(std::uint32_t x, const std::uint32_t 
 __device__ __forceinline__ std::uint32_t centroid_bits(int i, const std::uint32_t (&lo_t)[4],
                                                        const std::uint32_t (&hi_t)[4]) {
   const std::uint32_t sel = static_cast<std::uint32_t>(i & 7);
-  const int h = i < 8 ? 0 : 2;
-  const std::uint32_t lo = __byte_perm(lo_t[h], lo_t[h + 1], sel);
-  const std::uint32_t hi = __byte_perm(hi_t[h], hi_t[h + 1], sel);
+  // (constant register indices: a run-time index would put the planes in local memory)
+  const std::uint32_t lo =
+      i < 8 ? __byte_perm(lo_t[0], lo_t[1], sel) : __byte_perm(lo_t[2], lo_t[3], sel);
+  const std::uint32_t hi =
+      i < 8 ? __byte_perm(hi_t[0], hi_t[1], sel) : __byte_perm(hi_t[2], hi_t[3], sel);
   return (lo & 0xffu) | ((hi & 0xffu) << 8);
 }
-// Fills the replicated pair table (TqTraits::kTab*): 16-byte stores of four copies of an entry.
-template <int KB, int kRep>
+// Fills the replicated pair table (TqTraits::kTab*): 16-byte stores of four copies of an entry,
+// thread t of kThreads.
+template <int KB, int kRep, int kThreads>
 __device__ __forceinline__ void fill_pair_table(std::uint32_t* tab, const std::uint32_t (&lo_t)[4],
-                                                const std::uint32_t (&hi_t)[4], int lane) {
+                                                const std::uint32_t (&hi_t)[4], int t) {
   constexpr int kEntries = 1 << (2 * KB), kVecs = kEntries * kRep / 4;
-  for (int v = lane; v < kVecs; v += 32) {
+  for (int v = t; v < kVecs; v += kThreads) {
     const int e = v * 4 / kRep;
     const std::uint32_t w =
         centroid_bits(e & ((1 << KB) - 1), lo_t, hi_t) | (centroid_bits(e >> KB, lo_t, hi_t) << 16);
@@ -161,6 +194,33 @@ __device__ __forceinline__ std::uint32_t entry_offset(const std::uint32_t (&w)[N
   constexpr std::uint32_t kMask = ((1u << (2 * KB)) - 1u) << kS;
   return (p >= kS ? bits_at(w, p - kS) : w[0] << (kS - p)) & kMask;
 }
+// 3-bit value codes, six bytes (16 channels) per token: bits [6 mt, 6 mt + 6) of tokens a (low
+// half) and b (high half) at bits 0..5 and 16..21, from 16-bit windows of both tokens side by
+// side (one prmt serves two M-tiles; each tile then at a shift below 11 within its window). mt is
+// a constant after unrolling, so the unused windows fold away.
+__device__ __forceinline__ std::uint32_t v3_pair_window(const std::uint32_t (&a)[2],
+                                                        const std::uint32_t (&b)[2], int mt) {
+  switch (mt) {
+    case 0:
+      return __byte_perm(a[0], b[0], 0x5410);  // bits 0..15
+    case 1:
+      return __byte_perm(a[0], b[0], 0x5410) >> 6;
+    case 2:
+      return __byte_perm(a[0], b[0], 0x6521) >> 4;  // bits 8..23
+    case 3:
+      return __byte_perm(a[0], b[0], 0x7632) >> 2;  // bits 16..31
+    case 4:
+      return __byte_perm(a[0], b[0], 0x7632) >> 8;
+    case 5:  // bits 24..39
+      return __byte_perm(__funnelshift_r(a[0], a[1], 24), __funnelshift_r(b[0], b[1], 24),
+                         0x5410) >>
+             6;
+    case 6:
+      return __byte_perm(a[1], b[1], 0x5410) >> 4;  // bits 32..47
+    default:
+      return __byte_perm(a[1], b[1], 0x5410) >> 10;
+  }
+}
 __device__ __forceinline__ std::uint32_t hmul2_u32(std::uint32_t a) {
   const __half2 h = *reinterpret_cast<const __half2*>(&a);
   const __half2 r = __hmul2(h, h);
@@ -169,30 +229,39 @@ __device__ __forceinline__ std::uint32_t hmul2_u32(std::uint32_t a) {
 
 }  // namespace detail
 
-// NC: norm correction (a.nc) as a compile-time flag (Lloyd-Max keys only).
-template <int D, int KB, int VB, bool NC>
-__global__ void __launch_bounds__(32, 16) paged_decode_tq_kernel(TqDecodeArgs a) {
+// NC: norm correction (a.nc) as a compile-time flag (Lloyd-Max keys only). W warps per CTA: warp
+// w works item stream blockIdx.x * W + w of the batch x Hkv x num_splits streams (split fastest),
+// so CTAs stay full whatever the split count; the streams past the last only help fill the table.
+template <int D, int KB, int VB, bool NC, int W>
+__global__ void __launch_bounds__(32 * W, TqTraits<D, KB, VB, W>::kMinCtas)
+    paged_decode_tq_kernel(TqDecodeArgs a) {
   static_assert(!NC || KB != 8, "norm correction needs Lloyd-Max keys");
-  using T = TqTraits<D, KB, VB>;
+  using T = TqTraits<D, KB, VB, W>;
   constexpr int KS = T::kKSteps;
-  constexpr bool TAB = T::kTabBytes > 0;  // key centroids from the shared-memory pair table
+  constexpr bool TAB = T::kTab;  // key centroids from the shared-memory pair table
   constexpr std::uint32_t kOnes = 0x3C003C00u;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  int* desc = reinterpret_cast<int*>(smem_raw);  // [kStages] valid tokens of the item
   // full items (16 tokens) arrive by one bulk copy completing on the stage's mbarrier
-  static_assert(T::kStages <= 8 && T::kItemBytes % 16 == 0, "tq stage header");
-  std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(smem_raw + 64);
-  unsigned char* stages = smem_raw + 128;
+  static_assert(T::kStages <= 8 && T::kItemBytes % 16 == 0 && T::kTabBytes % 128 == 0, "tq smem");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  unsigned char* wsm = smem_raw + T::kTabBytes + warp * T::kWarpBytes;
+  int* desc = reinterpret_cast<int*>(wsm);  // [kStages] valid tokens of the item
+  std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(wsm + 64);
+  unsigned char* stages = wsm + 128;
 
-  const int lane = threadIdx.x, g = lane >> 2, c = lane & 3;
-  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int stream = blockIdx.x * W + warp, per_seq = a.num_kv_heads * a.num_splits;
+  const bool live = stream < a.batch * per_seq;
+  const int b = live ? stream / per_seq : 0, hs = stream - b * per_seq;
+  const int h = live ? hs / a.num_splits : 0, split = live ? hs - h * a.num_splits : a.num_splits;
   const int P = a.page;
   if (lane == 0)
 #pragma unroll
     for (int i = 0; i < T::kStages; ++i) mbar_init(&bars[i], 1);
   __syncwarp();
   unsigned bar_phase = 0;  // bit i: parity of the next phase of bars[i] to wait for
-  const SplitBlocks range = split_blocks(a.seq_lens, a.block_table, a.max_blocks, P, a.num_splits);
+  // (a stream past the last has split num_splits: no blocks)
+  const SplitBlocks range =
+      split_blocks(a.seq_lens, a.block_table, a.max_blocks, P, a.num_splits, split, b);
   const int len = range.len, j_begin = range.j_begin, j_end = range.j_end;
   const int* table = range.table;
 
@@ -231,10 +300,10 @@ __global__ void __launch_bounds__(32, 16) paged_decode_tq_kernel(TqDecodeArgs a)
     lo_t[i] = a.tab_lo[i];
     hi_t[i] = a.tab_hi[i];
   }
-  // TAB: the pair table behind the stages; lane reads copy lane % kTabRep
-  std::uint32_t* tab_all = reinterpret_cast<std::uint32_t*>(stages + T::kStages * a.stage_bytes);
-  const unsigned char* tab =
-      reinterpret_cast<const unsigned char*>(tab_all) + 4 * (lane % T::kTabRep);
+  // TAB: the pair table at the start of shared memory; lane l reads copy l (its byte offset
+  // 4 l is below the entry stride, so it joins the entry offset by an or)
+  const std::uint32_t lane4 = 4u * static_cast<std::uint32_t>(lane % T::kTabRep);
+  const std::uint32_t magic = a.code_magic;
 
   float o[KS][4];
 #pragma unroll
@@ -244,7 +313,7 @@ __global__ void __launch_bounds__(32, 16) paged_decode_tq_kernel(TqDecodeArgs a)
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
   float pz[2] = {0.0f, 0.0f};              // lane partial of sum_t p z_t (tokens g, g + 8)
 
-  // ---- producer ----
+  // ---- producer: item (block pj, rows prow..) into stage pst ----
   int win_base = -1000000, win = 0;
   auto block_phys = [&](int j) {
     if (j - win_base >= 32) {
@@ -253,33 +322,34 @@ __global__ void __launch_bounds__(32, 16) paged_decode_tq_kernel(TqDecodeArgs a)
     }
     return __shfl_sync(0xffffffffu, win, j - win_base);
   };
-  int pj = j_begin, pc = 0;
-  auto issue = [&](int stage) {
-    const int phys = block_phys(pj);
-    const int row0 = pc * 16;
+  const int page_bytes = a.num_kv_heads * P * T::kSlot;  // one physical block of the cache
+  const unsigned char* head_base = a.cache + static_cast<long long>(h) * P * T::kSlot;
+  int pj = j_begin, prow = 0, pst = 0;
+  auto issue = [&]() {
     const int n_blk = min(P, len - pj * P);
-    const int n = min(16, n_blk - row0);
+    const int n = min(16, n_blk - prow);
     const unsigned char* src =
-        a.cache + ((static_cast<long long>(phys) * a.num_kv_heads + h) * P + row0) * T::kSlot;
-    unsigned char* dst = stages + stage * a.stage_bytes;
+        head_base + static_cast<long long>(block_phys(pj)) * page_bytes + prow * T::kSlot;
+    unsigned char* dst = stages + pst * T::kStageBytes;
     if (n == 16) {  // a full item: contiguous and 16-byte aligned (P is a multiple of 16)
       if (lane == 0) {
-        mbar_arrive_expect_tx(&bars[stage], T::kItemBytes);
-        bulk_copy_g2s(dst, src, T::kItemBytes, &bars[stage]);
+        desc[pst] = 16;
+        mbar_arrive_expect_tx(&bars[pst], T::kItemBytes);
+        bulk_copy_g2s(dst, src, T::kItemBytes, &bars[pst]);
       }
     } else {  // the sequence's last, partial item: zero-fill the bytes past it
       const int valid = n * T::kSlot;
 #pragma unroll 2
       for (int o16 = lane * 16; o16 < T::kItemBytes; o16 += 32 * 16)
         cp_async16(dst + o16, src + (o16 < valid ? o16 : 0), o16 < valid);
+      if (lane == 0) desc[pst] = n;
     }
-    if (lane == 0) desc[stage] = n;
-    if (row0 + 16 >= n_blk) {
+    prow += 16;
+    if (prow >= n_blk) {
       ++pj;
-      pc = 0;
-    } else {
-      ++pc;
+      prow = 0;
     }
+    pst = pst + 1 == T::kStages ? 0 : pst + 1;
   };
 
   auto process = [&](const unsigned char* st, int n) {
@@ -309,10 +379,10 @@ __global__ void __launch_bounds__(32, 16) paged_decode_tq_kernel(TqDecodeArgs a)
         if constexpr (TAB) {  // byte offsets of the two pair entries straight from the bit string
           constexpr int kR = T::kTabRep;
           const int p0 = 4 * KB * s, p1 = p0 + 2 * KB;  // channels +0, +1 and +2, +3
-          af[0] = detail::lds_u32(tab + detail::entry_offset<KB, kR>(w0, p0));
-          af[2] = detail::lds_u32(tab + detail::entry_offset<KB, kR>(w0, p1));
-          af[1] = detail::lds_u32(tab + detail::entry_offset<KB, kR>(w1, p0));
-          af[3] = detail::lds_u32(tab + detail::entry_offset<KB, kR>(w1, p1));
+          af[0] = detail::lds_u32(smem_raw + (detail::entry_offset<KB, kR>(w0, p0) | lane4));
+          af[2] = detail::lds_u32(smem_raw + (detail::entry_offset<KB, kR>(w0, p1) | lane4));
+          af[1] = detail::lds_u32(smem_raw + (detail::entry_offset<KB, kR>(w1, p0) | lane4));
+          af[3] = detail::lds_u32(smem_raw + (detail::entry_offset<KB, kR>(w1, p1) | lane4));
         } else {
           std::uint32_t x0 = detail::bits_at(w0, 4 * KB * s), x1 = detail::bits_at(w1, 4 * KB * s);
           if constexpr (KB == 3) {
@@ -388,17 +458,23 @@ __global__ void __launch_bounds__(32, 16) paged_decode_tq_kernel(TqDecodeArgs a)
         const std::uint32_t sel = detail::pair_sel(mt % 4);
         const std::uint32_t x0 = __byte_perm(u[0][mt / 4], u[1][mt / 4], sel);
         const std::uint32_t x1 = __byte_perm(u[2][mt / 4], u[3][mt / 4], sel);
-        af[0] = codes_to_half2<4, 0>(x0);
-        af[1] = codes_to_half2<4, 1>(x0);
-        af[2] = codes_to_half2<4, 0>(x1);
-        af[3] = codes_to_half2<4, 1>(x1);
+        af[0] = codes_to_half2<4, 0>(x0, magic);
+        af[1] = codes_to_half2<4, 1>(x0, magic);
+        af[2] = codes_to_half2<4, 0>(x1, magic);
+        af[3] = codes_to_half2<4, 1>(x1, magic);
       } else {
-        const std::uint32_t x0 = __byte_perm(detail::bits_at(u[0], 6 * mt), detail::bits_at(u[1], 6 * mt), 0x5410);
-        const std::uint32_t x1 = __byte_perm(detail::bits_at(u[2], 6 * mt), detail::bits_at(u[3], 6 * mt), 0x5410);
-        af[0] = codes_to_half2<3, 0>(x0);
-        af[1] = codes_to_half2<3, 1>(x0);
-        af[2] = codes_to_half2<3, 0>(x1);
-        af[3] = codes_to_half2<3, 1>(x1);
+        std::uint32_t x0, x1;
+        if constexpr (kLaneV == 6) {
+          x0 = detail::v3_pair_window(u[0], u[1], mt);
+          x1 = detail::v3_pair_window(u[2], u[3], mt);
+        } else {
+          x0 = __byte_perm(detail::bits_at(u[0], 6 * mt), detail::bits_at(u[1], 6 * mt), 0x5410);
+          x1 = __byte_perm(detail::bits_at(u[2], 6 * mt), detail::bits_at(u[3], 6 * mt), 0x5410);
+        }
+        af[0] = codes_to_half2<3, 0>(x0, magic);
+        af[1] = codes_to_half2<3, 1>(x0, magic);
+        af[2] = codes_to_half2<3, 0>(x1, magic);
+        af[3] = codes_to_half2<3, 1>(x1, magic);
       }
       mma_16816(o[mt], af, pb);
     }
@@ -409,26 +485,39 @@ __global__ void __launch_bounds__(32, 16) paged_decode_tq_kernel(TqDecodeArgs a)
   int issued = 0;
 #pragma unroll
   for (int i = 0; i < T::kStages - 1; ++i) {
-    if (more()) issue(issued++ % T::kStages);
+    if (more()) {
+      issue();
+      ++issued;
+    }
     cp_async_commit();
   }
-  if constexpr (TAB) {  // while the first items are in flight
-    detail::fill_pair_table<KB, T::kTabRep>(tab_all, lo_t, hi_t, lane);
-    __syncwarp();
+  if constexpr (TAB) {  // while the first items are in flight; every warp of the CTA helps
+    detail::fill_pair_table<KB, T::kTabRep, 32 * W>(reinterpret_cast<std::uint32_t*>(smem_raw),
+                                                    lo_t, hi_t, threadIdx.x);
+    if constexpr (W == 1) {
+      __syncwarp();
+    } else {
+      __syncthreads();
+    }
   }
+  if (!live) return;  // after the table barrier
+  int cst = 0;        // stage of item `it`
   for (int it = 0; it < issued; ++it) {
     cp_async_wait<T::kStages - 2>();
     __syncwarp();
-    if (more()) issue(issued++ % T::kStages);
-    cp_async_commit();
-    const int stage = it % T::kStages;
-    const int n = desc[stage];
-    if (n == 16) {
-      mbar_wait(&bars[stage], (bar_phase >> stage) & 1u);
-      bar_phase ^= 1u << stage;
+    if (more()) {
+      issue();
+      ++issued;
     }
-    process(stages + stage * a.stage_bytes, n);
+    cp_async_commit();
+    const int n = desc[cst];
+    if (n == 16) {
+      mbar_wait(&bars[cst], (bar_phase >> cst) & 1u);
+      bar_phase ^= 1u << cst;
+    }
+    process(stages + cst * T::kStageBytes, n);
     __syncwarp();
+    cst = cst + 1 == T::kStages ? 0 : cst + 1;
   }
   cp_async_wait<0>();
 

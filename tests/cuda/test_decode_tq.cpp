@@ -33,6 +33,7 @@ struct TqCase {
   std::uint64_t seed = 1;
   std::string file = {};  // "" = random rows; else real K/V/q of a shipped tile file (layer index 0)
   double max_nmse = 1e-5;
+  int warps = 0;  // warps per CTA; 0: automatic
 };
 
 std::string tq_name(const TqCase& c) {
@@ -40,6 +41,7 @@ std::string tq_name(const TqCase& c) {
   o << "tq_k" << c.kb << "v" << c.vb << (c.nc ? "_nc" : "") << "_d" << c.d << "_hq" << c.hq
     << "_hkv" << c.hkv << "_b" << c.batch << "_L" << c.max_len << "_P" << c.page << "_s"
     << c.splits << "_seed" << c.seed;
+  if (c.warps > 0) o << "_w" << c.warps;
   if (!c.file.empty()) o << "_" << c.file.substr(0, c.file.find('.'));
   return o.str();
 }
@@ -146,6 +148,7 @@ TEST_P(TqDecode, MatchesCpuReference) {
   cuda::DecodeProblem p = decode_problem(cuda::DecodeFormat::kTurboQuant, c.batch, hq, hkv, d, P,
                                          max_blocks, c.splits);
   p.tq = qc;
+  p.warps = c.warps;
   DeviceBuffer<std::uint8_t> ws(cuda::decode_workspace_bytes(p));
   cuda::DecodeBuffers bufs;
   bufs.q = dq.get();
@@ -171,6 +174,17 @@ std::vector<TqCase> tq_cases() {
     v.push_back({kb, vb, nc, 128, 32, 8, 1, 5000, 128});  // long, automatic splits
   }
   v.push_back({4, 4, false, 128, 32, 8, 3, 500, 16});     // Lloyd-Max keys without nc
+  // Every compiled warp count per CTA (warps past the last split only help fill the table):
+  // 7 splits, a partial last item, D 128 and 64
+  for (const cuda::DecodeInstance& i : cuda::kDecodeInstances) {
+    if (i.format != cuda::DecodeFormat::kTurboQuant) continue;
+    for (int w : cuda::kTqCompiledWarps) {
+      v.push_back(
+          {i.key_bits, i.value_bits, i.key_bits != 8, 128, 32, 8, 3, 1000, 16, 7, 2, {}, 1e-5, w});
+      v.push_back(
+          {i.key_bits, i.value_bits, i.key_bits != 8, 64, 12, 4, 2, 700, 32, 0, 3, {}, 1e-5, w});
+    }
+  }
   v.push_back({3, 3, true, 64, 8, 8, 7, 300, 16, 0, 3});  // MHA, D 64, 3-bit (odd lane bytes)
   v.push_back({4, 4, true, 128, 40, 8, 6, 1200, 32, 0, 4});  // qpk 5, ragged
   // Real captured K/V and queries (fixture Qwen3, D 128, 2 KV heads; SmolLM2, D 64, 3 KV heads)
@@ -187,36 +201,51 @@ std::vector<TqCase> tq_cases() {
 INSTANTIATE_TEST_SUITE_P(Cuda, TqDecode, ::testing::ValuesIn(tq_cases()),
                          [](const auto& info) { return tq_name(info.param); });
 
-// Automatic split count of TurboQuant: one wave of resident CTAs (16 per SM for 4-bit keys at
-// D 128, 12 for 3-bit keys: their centroid table), at most max_blocks / 2, and past 64 splits
-// (batch 1) at least 256 tokens per split. Needs no device (132 SMs without one).
+// Automatic split count of TurboQuant: one split per warp (the CTAs take W consecutive item
+// streams of batch x Hkv x splits, so they stay full), one wave of resident warps (the CTAs per SM
+// that shared memory and __launch_bounds__ allow, times the warps per CTA), at most
+// max_blocks / 2, and past 64 splits (batch 1) at least 256 tokens per split. Needs no device
+// (132 SMs without one).
 TEST(TqDecodeSplits, OneWaveCappedByTokensPastSixtyFour) {
   int sms = 132;
   if (cuda::device_count() > 0)
     KVARN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  auto splits = [](int kb, int batch, int max_blocks) {
+  auto problem = [](int kb, int batch, int max_blocks, int warps) {
     cuda::DecodeProblem p =
         decode_problem(cuda::DecodeFormat::kTurboQuant, batch, 32, 8, 128, 16, max_blocks);
     p.tq = cuda::TqDecodeConfig{kb, kb, true};
-    return cuda::decode_num_splits(p);
+    p.warps = warps;
+    return p;
   };
   auto expected = [sms](int per_sm, int batch, int max_blocks) {
     int s = std::max(1, per_sm * sms / (batch * 8));
     if (s > 64) s = std::min(s, std::max(64, max_blocks * 16 / 256));
     return std::min(s, std::max(1, max_blocks / 2));
   };
-  for (int blocks : {64, 128, 256, 1024, 2048, 4096, 8192}) {  // 1K .. 128K tokens
-    EXPECT_EQ(splits(4, 1, blocks), expected(16, 1, blocks)) << blocks;
-    EXPECT_EQ(splits(3, 1, blocks), expected(12, 1, blocks)) << blocks;
-    EXPECT_EQ(splits(4, 8, blocks), expected(16, 8, blocks)) << blocks;
+  // resident warps per SM at D 128: min(228 KiB / (CTA shared memory + 1 KiB), the
+  // __launch_bounds__ CTAs) x warps; 4-bit slots 134 bytes (stage 2,176), 3-bit 102 (1,664)
+  struct Row {
+    int kb, warps, per_sm;
+  };
+  for (const Row r :
+       {Row{4, 1, 16}, Row{3, 1, 12}, Row{3, 4, 20}, Row{4, 4, 20}, Row{4, 8, 16}, Row{3, 8, 16}}) {
+    for (int blocks : {64, 128, 256, 1024, 2048, 4096, 8192}) {  // 1K .. 128K tokens
+      for (int batch : {1, 8, 32}) {
+        EXPECT_EQ(cuda::decode_num_splits(problem(r.kb, batch, blocks, r.warps)),
+                  expected(r.per_sm, batch, blocks))
+            << r.kb << " " << r.warps << " " << batch << " " << blocks;
+      }
+    }
   }
-  if (sms == 132) {                      // H200: the counts measured in docs/PERFORMANCE.md
-    EXPECT_EQ(splits(4, 1, 128), 64);    // 2K: one wave, two blocks per split
-    EXPECT_EQ(splits(4, 1, 1024), 64);   // 16K: 264 without the token floor
-    EXPECT_EQ(splits(4, 1, 2048), 128);  // 32K
-    EXPECT_EQ(splits(4, 1, 8192), 264);  // 128K: one wave
-    EXPECT_EQ(splits(3, 1, 8192), 198);  // 3-bit: 12 CTAs per SM
-    EXPECT_EQ(splits(4, 8, 2048), 33);   // batch 8: unchanged
+  EXPECT_EQ(cuda::decode_num_warps(problem(3, 8, 2048, 0)), 1);  // automatic: one warp
+  EXPECT_EQ(cuda::decode_num_warps(problem(4, 8, 2048, 0)), 1);
+  EXPECT_EQ(cuda::decode_num_warps(problem(4, 8, 2048, 8)), 8);
+  if (sms == 132) {                                                   // H200
+    EXPECT_EQ(cuda::decode_num_splits(problem(4, 1, 128, 1)), 64);    // 2K: two blocks a split
+    EXPECT_EQ(cuda::decode_num_splits(problem(4, 1, 1024, 1)), 64);   // 16K: the token floor
+    EXPECT_EQ(cuda::decode_num_splits(problem(4, 1, 8192, 1)), 264);  // 128K: one wave
+    EXPECT_EQ(cuda::decode_num_splits(problem(3, 1, 8192, 1)), 198);  // 3-bit: 12 per SM
+    EXPECT_EQ(cuda::decode_num_splits(problem(3, 8, 2048, 4)), 41);   // batch 8: 20 warps per SM
   }
 }
 

@@ -37,6 +37,11 @@
 
 namespace kvarn::cuda {
 
+// TurboQuant warps per CTA, each compiled for every instance: each warp works its own split, the
+// CTA's warps share the key centroid table (cuda/src/decode_tq.cuh; DecodeProblem::warps picks
+// one, 0 the automatic choice of decode_num_warps).
+inline constexpr int kTqCompiledWarps[] = {1, 4, 8};
+
 struct DecodeInstance {
   DecodeFormat format;
   int key_bits, value_bits;
