@@ -220,10 +220,18 @@ int decode_num_splits(const DecodeProblem& p) {
 namespace {
 
 // TurboQuant warps per CTA (each its own split; they share the key centroid table): p.warps when
-// set, else one. Four (3-bit keys: 20 instead of 12 warps per SM) and eight (4-bit keys from the
-// pair table) are compiled and timed by the tqwarps/ benchmark family; they become the automatic
-// choice once measured faster on the H200 (docs/PERFORMANCE.md).
-int tq_warps(const DecodeProblem& p) { return p.warps > 0 ? p.warps : 1; }
+// set; else, for Lloyd-Max keys (3-/4-bit) and a cache of at least kTqManyTokens tokens over all
+// sequences and KV heads, eight (H200, Hq 32, against one warp at 6342552: 4bit_nc 1.27-1.41x and
+// 3bit_nc 1.19-1.43x at batch 32-128, 1.07-1.40x / 1.13-1.27x at batch 8, 1.10-1.34x / 1.05-1.14x
+// at batch 1 x 32K-128K); else one (batch 1 x 2K: eight warps 0.89x / 0.96x). FP8 keys (k8v4): one
+// (eight not measured).
+int tq_warps(const DecodeProblem& p) {
+  if (p.warps > 0) return p.warps;
+  constexpr long long kTqManyTokens = 1LL << 17;  // batch 1 x 16K or batch 8 x 2K at Hkv 8
+  const long long tokens =
+      static_cast<long long>(p.batch) * p.num_kv_heads * std::max(p.max_blocks, 0) * p.block_size;
+  return p.tq.key_bits != 8 && tokens >= kTqManyTokens ? 8 : 1;
+}
 
 bool tq_warps_compiled(int warps) {
   for (int w : kTqCompiledWarps)

@@ -31,7 +31,8 @@ struct TqCase {
   int d, hq, hkv, batch, max_len, page;
   int splits = 0;
   std::uint64_t seed = 1;
-  std::string file = {};  // "" = random rows; else real K/V/q of a shipped tile file (layer index 0)
+  std::string file =
+      {};  // "" = random rows; else real K/V/q of a shipped tile file (layer index 0)
   double max_nmse = 1e-5;
   int warps = 0;  // warps per CTA; 0: automatic
 };
@@ -39,8 +40,8 @@ struct TqCase {
 std::string tq_name(const TqCase& c) {
   std::ostringstream o;
   o << "tq_k" << c.kb << "v" << c.vb << (c.nc ? "_nc" : "") << "_d" << c.d << "_hq" << c.hq
-    << "_hkv" << c.hkv << "_b" << c.batch << "_L" << c.max_len << "_P" << c.page << "_s"
-    << c.splits << "_seed" << c.seed;
+    << "_hkv" << c.hkv << "_b" << c.batch << "_L" << c.max_len << "_P" << c.page << "_s" << c.splits
+    << "_seed" << c.seed;
   if (c.warps > 0) o << "_w" << c.warps;
   if (!c.file.empty()) o << "_" << c.file.substr(0, c.file.find('.'));
   return o.str();
@@ -145,8 +146,8 @@ TEST_P(TqDecode, MatchesCpuReference) {
   DeviceBuffer<std::uint16_t> dq(q), dout(q.size());
   DeviceBuffer<int> dtable(table), dlens(lens);
   DeviceBuffer<std::uint8_t> dcache(cache);
-  cuda::DecodeProblem p = decode_problem(cuda::DecodeFormat::kTurboQuant, c.batch, hq, hkv, d, P,
-                                         max_blocks, c.splits);
+  cuda::DecodeProblem p =
+      decode_problem(cuda::DecodeFormat::kTurboQuant, c.batch, hq, hkv, d, P, max_blocks, c.splits);
   p.tq = qc;
   p.warps = c.warps;
   DeviceBuffer<std::uint8_t> ws(cuda::decode_workspace_bytes(p));
@@ -168,12 +169,12 @@ std::vector<TqCase> tq_cases() {
     const bool nc = kb != 8;  // norm correction needs Lloyd-Max keys
     v.push_back({kb, vb, nc, 128, 32, 8, 3, 700, 16});
     v.push_back({kb, vb, nc, 128, 32, 8, 4, 900, 64});
-    v.push_back({kb, vb, nc, 64, 12, 4, 5, 400, 32});     // D 64, qpk 3 (padded)
-    v.push_back({kb, vb, nc, 128, 16, 2, 1, 1, 16});      // a single token
+    v.push_back({kb, vb, nc, 64, 12, 4, 5, 400, 32});        // D 64, qpk 3 (padded)
+    v.push_back({kb, vb, nc, 128, 16, 2, 1, 1, 16});         // a single token
     v.push_back({kb, vb, nc, 128, 64, 8, 2, 3000, 16, 40});  // qpk 8, many explicit splits
-    v.push_back({kb, vb, nc, 128, 32, 8, 1, 5000, 128});  // long, automatic splits
+    v.push_back({kb, vb, nc, 128, 32, 8, 1, 5000, 128});     // long, automatic splits
   }
-  v.push_back({4, 4, false, 128, 32, 8, 3, 500, 16});     // Lloyd-Max keys without nc
+  v.push_back({4, 4, false, 128, 32, 8, 3, 500, 16});  // Lloyd-Max keys without nc
   // Every compiled warp count per CTA (warps past the last split only help fill the table):
   // 7 splits, a partial last item, D 128 and 64
   for (const cuda::DecodeInstance& i : cuda::kDecodeInstances) {
@@ -185,7 +186,7 @@ std::vector<TqCase> tq_cases() {
           {i.key_bits, i.value_bits, i.key_bits != 8, 64, 12, 4, 2, 700, 32, 0, 3, {}, 1e-5, w});
     }
   }
-  v.push_back({3, 3, true, 64, 8, 8, 7, 300, 16, 0, 3});  // MHA, D 64, 3-bit (odd lane bytes)
+  v.push_back({3, 3, true, 64, 8, 8, 7, 300, 16, 0, 3});     // MHA, D 64, 3-bit (odd lane bytes)
   v.push_back({4, 4, true, 128, 40, 8, 6, 1200, 32, 0, 4});  // qpk 5, ragged
   // Real captured K/V and queries (fixture Qwen3, D 128, 2 KV heads; SmolLM2, D 64, 3 KV heads)
   for (const cuda::DecodeInstance& i : cuda::kDecodeInstances) {
@@ -237,9 +238,17 @@ TEST(TqDecodeSplits, OneWaveCappedByTokensPastSixtyFour) {
       }
     }
   }
-  EXPECT_EQ(cuda::decode_num_warps(problem(3, 8, 2048, 0)), 1);  // automatic: one warp
-  EXPECT_EQ(cuda::decode_num_warps(problem(4, 8, 2048, 0)), 1);
+  // automatic: eight warps from 2^17 cached tokens over sequences x KV heads (Lloyd-Max keys)
+  EXPECT_EQ(cuda::decode_num_warps(problem(3, 8, 2048, 0)), 8);  // batch 8 x 32K
+  EXPECT_EQ(cuda::decode_num_warps(problem(4, 8, 128, 0)), 8);   // batch 8 x 2K
+  EXPECT_EQ(cuda::decode_num_warps(problem(4, 1, 1024, 0)), 8);  // batch 1 x 16K
+  EXPECT_EQ(cuda::decode_num_warps(problem(4, 1, 1023, 0)), 1);
+  EXPECT_EQ(cuda::decode_num_warps(problem(3, 1, 128, 0)), 1);   // batch 1 x 2K
+  EXPECT_EQ(cuda::decode_num_warps(problem(4, 8, 2048, 1)), 1);  // explicit
   EXPECT_EQ(cuda::decode_num_warps(problem(4, 8, 2048, 8)), 8);
+  cuda::DecodeProblem k8 = problem(4, 8, 2048, 0);
+  k8.tq = cuda::TqDecodeConfig{8, 4, false};
+  EXPECT_EQ(cuda::decode_num_warps(k8), 1);                           // fp8 keys: one warp
   if (sms == 132) {                                                   // H200
     EXPECT_EQ(cuda::decode_num_splits(problem(4, 1, 128, 1)), 64);    // 2K: two blocks a split
     EXPECT_EQ(cuda::decode_num_splits(problem(4, 1, 1024, 1)), 64);   // 16K: the token floor

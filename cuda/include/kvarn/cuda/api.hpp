@@ -23,10 +23,10 @@ int device_count();
 struct StoreTiles {
   const std::uint16_t* k = nullptr;  // fp16 rows, see cuda/src/store.cuh for the strides
   const std::uint16_t* v = nullptr;
-  int num_tiles = 0;   // blocks * num_heads
+  int num_tiles = 0;  // blocks * num_heads
   int num_heads = 1;
   long long block_stride = 0, head_stride = 0, row_stride = 0;  // in elements
-  const int* dst_block = nullptr;  // [num_tiles / num_heads] cache block per input block
+  const int* dst_block = nullptr;   // [num_tiles / num_heads] cache block per input block
   std::uint8_t* records = nullptr;  // [num_blocks, num_heads, record_bytes]
   int* overflow = nullptr;  // optional device int, set to 1 when a rotated value is beyond the
                             // fp16 range (the CPU reference rejects such tiles)
@@ -61,19 +61,20 @@ struct DecodeProblem {
   int max_blocks = 0;    // block_table row length
   float softmax_scale = 0.0f;  // 0: 1/sqrt(head_dim)
   int num_splits = 0;          // 0: automatic
-  int warps = 0;  // warps per split CTA, 0: automatic; else a compiled one (decode_num_warps)
-  KvarnConfig kvarn;           // KVarN only (bits, group, rotation, scales)
-  TqDecodeConfig tq;           // TurboQuant only
+  int warps = 0;      // warps per split CTA, 0: automatic; else a compiled one (decode_num_warps)
+  KvarnConfig kvarn;  // KVarN only (bits, group, rotation, scales)
+  TqDecodeConfig tq;  // TurboQuant only
 };
 
 struct DecodeBuffers {
-  const std::uint16_t* q = nullptr;  // [batch, Hq, D] fp16
-  std::uint16_t* out = nullptr;      // [batch, Hq, D] fp16
-  const int* block_table = nullptr;  // [batch, max_blocks]
-  const int* seq_lens = nullptr;     // [batch]
+  const std::uint16_t* q = nullptr;       // [batch, Hq, D] fp16
+  std::uint16_t* out = nullptr;           // [batch, Hq, D] fp16
+  const int* block_table = nullptr;       // [batch, max_blocks]
+  const int* seq_lens = nullptr;          // [batch]
   const std::uint8_t* records = nullptr;  // KVarN
   const int* block_to_slot = nullptr;     // KVarN [num_blocks], -1: record
-  const void* k_pool = nullptr;  // KVarN pool / FP16 / FP8 pages / TurboQuant [blocks, Hkv, P, slot]
+  const void* k_pool =
+      nullptr;  // KVarN pool / FP16 / FP8 pages / TurboQuant [blocks, Hkv, P, slot]
   const void* v_pool = nullptr;
   const float* k_scale = nullptr;  // FP8 [Hkv]
   const float* v_scale = nullptr;
@@ -83,7 +84,8 @@ struct DecodeBuffers {
 int decode_num_splits(const DecodeProblem& p);
 // Warps per split CTA (a CTA writes one workspace split): KVarN G 128 1 or 2 (p.warps, or the
 // automatic choice), KVarN G 64 / FP16 / FP8 2, KVarN G 32 1. TurboQuant: warps per CTA, each
-// its own split (kTqCompiledWarps; p.warps, else 1).
+// its own split (kTqCompiledWarps; p.warps, else 8 for 3-/4-bit keys from 2^17 cached tokens
+// over sequences x KV heads, 1 otherwise).
 int decode_num_warps(const DecodeProblem& p);
 std::size_t decode_workspace_bytes(const DecodeProblem& p);
 void paged_decode(const DecodeProblem& p, const DecodeBuffers& buf, cudaStream_t stream = nullptr);
