@@ -198,8 +198,7 @@ int decode_num_splits(const DecodeProblem& p) {
     const bool kvarn = p.format == DecodeFormat::kKvarn;
     const long long min_tokens = kvarn ? 512 : 1024;
     const long long tokens = static_cast<long long>(p.max_blocks) * p.block_size;
-    s = std::max(std::min(s, kvarn ? kKvarnManySplits : kManySplits),
-                 std::min(s, tokens / min_tokens));
+    s = std::min(s, std::max(kvarn ? kKvarnManySplits : kManySplits, tokens / min_tokens));
   }
   // TurboQuant past 64 splits (batch 1): at least 256 tokens per split, as the combine's loop
   // over the splits outweighs the parallelism there (H200, batch 1: 4K 1.24-1.27x, 16K
