@@ -219,17 +219,25 @@ int decode_num_splits(const DecodeProblem& p) {
 namespace {
 
 // TurboQuant warps per CTA (each its own split; they share the key centroid table): p.warps when
-// set; else, for Lloyd-Max keys (3-/4-bit) and a cache of at least kTqManyTokens tokens over all
-// sequences and KV heads, eight (H200, Hq 32, against one warp at 6342552: 4bit_nc 1.27-1.41x and
-// 3bit_nc 1.19-1.43x at batch 32-128, 1.07-1.40x / 1.13-1.27x at batch 8, 1.10-1.34x / 1.05-1.14x
-// at batch 1 x 32K-128K); else one (batch 1 x 2K: eight warps 0.89x / 0.96x). FP8 keys (k8v4): one
-// (eight not measured).
+// set; else, for Lloyd-Max keys (3-/4-bit), a cache of at least kTqManyTokens tokens over all
+// sequences and KV heads and eight-warp CTAs for at least half the SMs, eight (H200, Hq 32,
+// against one warp at 6342552: 4bit_nc 1.27-1.41x and 3bit_nc 1.19-1.43x at batch 32-128,
+// 1.07-1.40x / 1.13-1.27x at batch 8, 1.10-1.34x / 1.05-1.14x at batch 1 x 32K-128K); else one
+// (batch 1 x 2K: eight warps 0.89x / 0.96x; batch 1 x 16K, 64 splits in 64 eight-warp CTAs on 132
+// SMs: 0.88-0.93x). FP8 keys (k8v4): one (eight not measured).
 int tq_warps(const DecodeProblem& p) {
   if (p.warps > 0) return p.warps;
   constexpr long long kTqManyTokens = 1LL << 17;  // batch 1 x 16K or batch 8 x 2K at Hkv 8
+  constexpr int kTqWideWarps = 8;
   const long long tokens =
       static_cast<long long>(p.batch) * p.num_kv_heads * std::max(p.max_blocks, 0) * p.block_size;
-  return p.tq.key_bits != 8 && tokens >= kTqManyTokens ? 8 : 1;
+  if (p.tq.key_bits == 8 || tokens < kTqManyTokens) return 1;
+  DecodeProblem wide = p;
+  wide.warps = kTqWideWarps;
+  const long long streams =
+      static_cast<long long>(p.batch) * p.num_kv_heads * decode_num_splits(wide);
+  const long long ctas = (streams + kTqWideWarps - 1) / kTqWideWarps;
+  return 2 * ctas >= sm_count() ? kTqWideWarps : 1;
 }
 
 bool tq_warps_compiled(int warps) {

@@ -239,10 +239,11 @@ TEST(TqDecodeSplits, OneWaveCappedByTokensPastSixtyFour) {
     }
   }
   // automatic: eight warps from 2^17 cached tokens over sequences x KV heads (Lloyd-Max keys)
+  // when eight-warp CTAs cover at least half the SMs
   EXPECT_EQ(cuda::decode_num_warps(problem(3, 8, 2048, 0)), 8);  // batch 8 x 32K
   EXPECT_EQ(cuda::decode_num_warps(problem(4, 8, 128, 0)), 8);   // batch 8 x 2K
-  EXPECT_EQ(cuda::decode_num_warps(problem(4, 1, 1024, 0)), 8);  // batch 1 x 16K
-  EXPECT_EQ(cuda::decode_num_warps(problem(4, 1, 1023, 0)), 1);
+  EXPECT_EQ(cuda::decode_num_warps(problem(4, 8, 127, 0)), 1);   // below 2^17 tokens
+  EXPECT_EQ(cuda::decode_num_warps(problem(4, 1, 8192, 0)), 8);  // batch 1 x 128K
   EXPECT_EQ(cuda::decode_num_warps(problem(3, 1, 128, 0)), 1);   // batch 1 x 2K
   EXPECT_EQ(cuda::decode_num_warps(problem(4, 8, 2048, 1)), 1);  // explicit
   EXPECT_EQ(cuda::decode_num_warps(problem(4, 8, 2048, 8)), 8);
@@ -255,6 +256,12 @@ TEST(TqDecodeSplits, OneWaveCappedByTokensPastSixtyFour) {
     EXPECT_EQ(cuda::decode_num_splits(problem(4, 1, 8192, 1)), 264);  // 128K: one wave
     EXPECT_EQ(cuda::decode_num_splits(problem(3, 1, 8192, 1)), 198);  // 3-bit: 12 per SM
     EXPECT_EQ(cuda::decode_num_splits(problem(3, 8, 2048, 4)), 41);   // batch 8: 20 warps per SM
+    // batch 1 x 16K: 64 splits, so 64 eight-warp CTAs on 132 SMs: one warp; 32K: 128 CTAs
+    EXPECT_EQ(cuda::decode_num_splits(problem(4, 1, 1024, 8)), 64);
+    EXPECT_EQ(cuda::decode_num_warps(problem(4, 1, 1024, 0)), 1);
+    EXPECT_EQ(cuda::decode_num_warps(problem(3, 1, 1024, 0)), 1);
+    EXPECT_EQ(cuda::decode_num_splits(problem(4, 1, 2048, 8)), 128);
+    EXPECT_EQ(cuda::decode_num_warps(problem(4, 1, 2048, 0)), 8);
   }
 }
 

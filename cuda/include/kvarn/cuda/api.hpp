@@ -85,7 +85,7 @@ int decode_num_splits(const DecodeProblem& p);
 // Warps per split CTA (a CTA writes one workspace split): KVarN G 128 1 or 2 (p.warps, or the
 // automatic choice), KVarN G 64 / FP16 / FP8 2, KVarN G 32 1. TurboQuant: warps per CTA, each
 // its own split (kTqCompiledWarps; p.warps, else 8 for 3-/4-bit keys from 2^17 cached tokens
-// over sequences x KV heads, 1 otherwise).
+// over sequences x KV heads when eight-warp CTAs reach at least half the SMs, 1 otherwise).
 int decode_num_warps(const DecodeProblem& p);
 std::size_t decode_workspace_bytes(const DecodeProblem& p);
 void paged_decode(const DecodeProblem& p, const DecodeBuffers& buf, cudaStream_t stream = nullptr);
