@@ -79,12 +79,26 @@ KVARN_SIMD_CLONES void update_log_scales(const std::vector<float>& stds, const V
   }
 }
 
+}  // namespace
+
+// Each dividend is T, T / s_col or T / s_col / s_row with scales exp(l), l clamped to [log_min,
+// log_max] (or 1 before the first update): bounds on the scales bound them all, a factor 2 covering
+// the roundings on the way. Markstein's sequence needs every dividend and divisor in [2^-60, 2^60].
+VarnDivisionBounds varn_division_bounds(const VarnParams& p) {
+  constexpr double kLo = 0x1p-60, kHi = 0x1p60;
+  const double s_lo = std::min(1.0, std::exp(static_cast<double>(p.log_min))) / 2;
+  const double s_hi = std::max(1.0, std::exp(static_cast<double>(p.log_max))) * 2;
+  if (!(s_lo >= kLo && s_hi <= kHi)) return {1.0, 0.0};  // empty: never
+  return {kLo * (s_hi * s_hi), kHi * (s_lo * s_lo)};
+}
+
+namespace {
+
 // Whether every division of variance_normalize on this tile may take the FMA build's divider-free
 // path (varn_kernels.inc): each dividend is T, T / s_col or T / s_col / s_row with scales exp(l),
 // l clamped to [log_min, log_max] (or 1 before the first update), so bounds on |T| and on the
 // scales bound them all; a factor 2 covers the roundings on the way. No -0, Inf or NaN in T.
 KVARN_SIMD_CLONES bool fast_division(const float* tile, std::size_t n, const VarnParams& p) {
-  constexpr double kLo = 0x1p-60, kHi = 0x1p60;
   // Magnitudes compared as bits (monotonic for non-negative floats), eight lanes at a time (n is
   // a multiple of 8).
   typedef std::uint32_t v8u __attribute__((vector_size(32)));
@@ -106,10 +120,8 @@ KVARN_SIMD_CLONES bool fast_division(const float* tile, std::size_t n, const Var
   }
   if (neg_zero != 0 || hi >= 0x7f800000u) return false;  // -0, Inf or NaN
   if (hi == 0) return true;                              // all +0: the sequence returns +0
-  const double t_lo = bits_float(lo), t_hi = bits_float(hi);
-  const double s_lo = std::min(1.0, std::exp(static_cast<double>(p.log_min))) / 2;
-  const double s_hi = std::max(1.0, std::exp(static_cast<double>(p.log_max))) * 2;
-  return s_lo >= kLo && s_hi <= kHi && t_lo / (s_hi * s_hi) >= kLo && t_hi / (s_lo * s_lo) <= kHi;
+  const VarnDivisionBounds b = varn_division_bounds(p);
+  return bits_float(lo) >= b.lo && bits_float(hi) <= b.hi;
 }
 
 const VarnKernels& select_kernels(VarnBuild build) {

@@ -4,9 +4,10 @@
 #include "kvarn/core/hadamard_fp16.hpp"
 #include "kvarn/core/kvarn.hpp"
 #include "kvarn/core/rotation.hpp"
+#include "kvarn/core/varn.hpp"
 #include "kvarn/cuda/api.hpp"
-#include "store.cuh"
 #include "kvarn/data/error.hpp"
+#include "store.cuh"
 
 namespace kvarn::cuda {
 
@@ -21,12 +22,12 @@ int rotation_mode(RotationKind r) {
 void check_config(const KvarnConfig& cfg, int head_dim) {
   KVARN_CHECK(cfg.rotation == RotationKind::kHadamardFp16 ||
                   cfg.rotation == RotationKind::kHadamard || cfg.rotation == RotationKind::kNone,
-              "kvarn_cuda: rotation ", kvarn_rotation_name(cfg.rotation), " not supported on the GPU");
+              "kvarn_cuda: rotation ", kvarn_rotation_name(cfg.rotation),
+              " not supported on the GPU");
   KVARN_CHECK(head_dim == 64 || head_dim == 128, "kvarn_cuda: head_dim ", head_dim,
               " not supported (64, 128)");
   KVARN_CHECK(cfg.rtn_quantile == 0.0f, "kvarn_cuda: RTN quantile must be 0 on the GPU");
-  KVARN_CHECK(cfg.key_bits >= 1 && cfg.key_bits <= 8 && cfg.value_bits >= 1 &&
-                  cfg.value_bits <= 8,
+  KVARN_CHECK(cfg.key_bits >= 1 && cfg.key_bits <= 8 && cfg.value_bits >= 1 && cfg.value_bits <= 8,
               "kvarn_cuda: bits must be 1..8");
 }
 }  // namespace
@@ -67,6 +68,9 @@ void kvarn_store(const KvarnConfig& cfg, int head_dim, const StoreTiles& t, cuda
   a.log_min = cfg.varn.log_min;
   a.log_max = cfg.varn.log_max;
   a.floor = cfg.varn.imbalance_floor;
+  const VarnDivisionBounds div = varn_division_bounds(cfg.varn);
+  a.div_lo = div.lo;
+  a.div_hi = div.hi;
   a.k_codes = static_cast<int>(lay.k_codes);
   a.s_col_k = static_cast<int>(lay.s_col_k);
   a.zp_k = static_cast<int>(lay.zp_k);
@@ -76,16 +80,14 @@ void kvarn_store(const KvarnConfig& cfg, int head_dim, const StoreTiles& t, cuda
   a.s_row_v = static_cast<int>(lay.s_row_v);
   a.zp_v = static_cast<int>(lay.zp_v);
   a.end = static_cast<int>(lay.end);
-  DISPATCH_HEAD_DIM(head_dim, kD, {
-    DISPATCH_GROUP_STORE(cfg.group, kG, {
-      const int smem = store_smem_bytes<kD, kG>();
-      auto kernel = kvarn_store_kernel<kD, kG>;
-      KVARN_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      kernel<<<dim3(t.num_tiles, 2), store_threads<kD, kG>(), smem, stream>>>(a);
-      KVARN_CUDA_CHECK_LAUNCH("kvarn_store_kernel");
-    })
-  })
+  DISPATCH_HEAD_DIM(head_dim, kD, {DISPATCH_GROUP_STORE(cfg.group, kG, {
+                      const int smem = store_smem_bytes<kD, kG>();
+                      auto kernel = kvarn_store_kernel<kD, kG>;
+                      KVARN_CUDA_CHECK(cudaFuncSetAttribute(
+                          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                      kernel<<<dim3(t.num_tiles, 2), store_threads<kD, kG>(), smem, stream>>>(a);
+                      KVARN_CUDA_CHECK_LAUNCH("kvarn_store_kernel");
+                    })})
 }
 
 void kvarn_append(const KvarnConfig& cfg, int head_dim, int num_tokens, int num_heads,
@@ -93,9 +95,15 @@ void kvarn_append(const KvarnConfig& cfg, int head_dim, int num_tokens, int num_
                   std::uint16_t* k_pool, std::uint16_t* v_pool, cudaStream_t stream) {
   check_config(cfg, head_dim);
   if (num_tokens == 0) return;
-  AppendArgs a{k,         v,         pool_pos,
-               k_pool,    v_pool,    num_heads,
-               cfg.group, rotation_mode(cfg.rotation), hadamard_scale(head_dim),
+  AppendArgs a{k,
+               v,
+               pool_pos,
+               k_pool,
+               v_pool,
+               num_heads,
+               cfg.group,
+               rotation_mode(cfg.rotation),
+               hadamard_scale(head_dim),
                fp16_scale(hadamard_fp16_scale_bits(head_dim))};
   const bool exact = a.hadamard == 2;
   DISPATCH_HEAD_DIM(head_dim, kD, {

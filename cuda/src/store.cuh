@@ -20,6 +20,11 @@
 //   reference order (x / s_col) / s_row, max/min are order independent (RTN's min/max keep the
 //   first index among equal values, as the sequential std::min/std::max scan), RNE rounding,
 //   compiled with --fmad=false. Five barriers per VarN iteration.
+//   Divisions by a scale: where the tile allows (varn_division_bounds: no -0, Inf or NaN, nonzero
+//   magnitudes in [div_lo, div_hi]; checked once per tile), by the scale's correctly rounded
+//   reciprocal and two fused corrections (Markstein; the CPU's FMA build does the same), which
+//   gives the bits of the IEEE division in 5 instructions instead of ~11 with a slow-path branch;
+//   elsewhere by the IEEE division. The whole VarN + RTN part is compiled both ways.
 //
 // Rotation (hadamard = 2, the default): the published fp16 matrix computed exactly as on the CPU
 //   (hadamard_fp16.hpp): int64 butterflies over half the tile's tokens at a time (D * G/2 int64
@@ -35,11 +40,11 @@
 
 #include <cstdint>
 
+#include "common.cuh"
 #include "kvarn/core/hadamard_fp16.hpp"
 #include "kvarn/core/pack.hpp"
 #include "kvarn/core/portable_math.hpp"
 #include "kvarn/core/reduce.hpp"
-#include "common.cuh"
 
 namespace kvarn::cuda {
 
@@ -59,6 +64,7 @@ struct StoreArgs {
   int* overflow;    // optional: set to 1 when a rotated value is beyond the fp16 range
   int iters;
   float std_min, std_max, log_min, log_max, floor;
+  double div_lo, div_hi;  // varn_division_bounds: the tile magnitudes of the divider-free path
   // record layout (byte offsets)
   int k_codes, s_col_k, zp_k, s_row_k, v_codes, s_col_v, s_row_v, zp_v, end;
 };
@@ -69,6 +75,19 @@ __device__ __forceinline__ float clampf_ref(float x, float lo, float hi) {
   // std::min(std::max(x, lo), hi) for non-NaN x
   float y = x < lo ? lo : x;
   return hi < y ? hi : y;
+}
+
+// a / b correctly rounded. kFast: y = RN(1/b) and Markstein's corrections (exact under
+// varn_division_bounds: every dividend +0 or within [2^-60, 2^60], b positive within it).
+template <bool kFast>
+__device__ __forceinline__ float div_scale(float a, float b, float y) {
+  if constexpr (kFast) {
+    const float q0 = __fmul_rn(a, y);
+    const float q1 = __fmaf_rn(__fmaf_rn(-b, q0, a), y, q0);
+    return __fmaf_rn(__fmaf_rn(-b, q1, a), y, q1);
+  } else {
+    return a / b;
+  }
 }
 
 // combine8 over the 8 lanes of an aligned lane group, lane j holding p[j]: xor 4 pairs
@@ -144,77 +163,98 @@ __device__ __forceinline__ void rotate_fp16_exact(const StoreArgs& a, const std:
   }
 }
 
-// One stream of one tile: oriented R x C, T threads, F floats per [R][C + 8] buffer.
-template <int D, int G, int R, int C, bool IS_KEY, int T, int F>
-__device__ __forceinline__ void store_stream(const StoreArgs& a, float* smem) {
-  constexpr int LD = C + 8;       // fp32 and fp16 row pitch (conflict-free row access)
-  constexpr int CL = C + 16;      // code byte pitch
-  constexpr int ER = C / 8;       // elements per row lane
-  constexpr int EC = R / 8;       // elements per column lane
+// Shared memory of one stream: cur fp32 [R][C + 8] (F floats), x fp16 [R][C + 8], then vectors
+// of M = max(D, G) floats and the per-warp max/min partials.
+template <int F, int M>
+struct StoreBufs {
+  float* cur;
+  std::uint16_t* xh;
+  float* sc;  // s_col of the current iteration
+  float* best_sc;
+  float* tmp_c;  // column stds
+  float* sr;     // s_row of the current iteration
+  float* best_sr;
+  float* tmp_r;  // row stds for the s_row update
+  float* rc;     // RN(1 / s) of sc, best_sc, sr, best_sr (the divider-free path)
+  float* best_rc;
+  float* rr;
+  float* best_rr;
+  float* part;  // [parity][row/col][warp][max, min]
+  __device__ explicit StoreBufs(float* smem)
+      : cur(smem),
+        xh(reinterpret_cast<std::uint16_t*>(smem + F)),
+        sc(smem + F + F / 2),
+        best_sc(sc + M),
+        tmp_c(best_sc + M),
+        sr(tmp_c + M),
+        best_sr(sr + M),
+        tmp_r(best_sr + M),
+        rc(tmp_r + M),
+        best_rc(rc + M),
+        rr(best_rc + M),
+        best_rr(rr + M),
+        part(best_rr + M) {}
+};
+constexpr int kStoreVectors = 10;  // M-float vectors of StoreBufs
+
+// Whether every division of this tile's VarN may take the divider-free path: no -0, Inf or NaN
+// in the rotated fp16 tile x and its nonzero magnitudes within [div_lo, div_hi] (all +0 is fine).
+// mag (shared): {min nonzero |x| bits, max |x| bits, -0/Inf/NaN seen}, preset {0xffff, 0, 0}.
+template <int R, int C, int T, int LD>
+__device__ __forceinline__ bool tile_divides_fast(const StoreArgs& a, const std::uint16_t* xh,
+                                                  unsigned* mag) {
+  unsigned lo = 0xffffu, hi = 0, bad = 0;
+  for (int i = threadIdx.x; i < R * C; i += T) {
+    const unsigned h = xh[(i / C) * LD + i % C], m = h & 0x7fffu;
+    bad |= (h == 0x8000u || m >= 0x7c00u) ? 1u : 0u;
+    hi = max(hi, m);
+    lo = min(lo, m == 0 ? 0xffffu : m);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+    bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    atomicMin(&mag[0], lo);
+    atomicMax(&mag[1], hi);
+    atomicOr(&mag[2], bad);
+  }
+  __syncthreads();
+  if (mag[2] != 0) return false;
+  if (mag[1] == 0) return true;
+  return static_cast<double>(h2f(static_cast<std::uint16_t>(mag[0]))) >= a.div_lo &&
+         static_cast<double>(h2f(static_cast<std::uint16_t>(mag[1]))) <= a.div_hi;
+}
+
+// VarN, RTN per oriented row, packing and scale absorption of one stream's rotated tile (sb.xh),
+// each division by a scale through div_scale<kFast>.
+template <int D, int G, int R, int C, bool IS_KEY, int T, int F, bool kFast>
+__device__ __forceinline__ void varn_rtn_pack(const StoreArgs& a,
+                                              const StoreBufs<F, (D > G ? D : G)>& bufs, int blk,
+                                              int head) {
+  constexpr int LD = C + 8;   // fp32 and fp16 row pitch (conflict-free row access)
+  constexpr int CL = C + 16;  // code byte pitch
+  constexpr int ER = C / 8;   // elements per row lane
+  constexpr int EC = R / 8;   // elements per column lane
   constexpr int NRI = (R * 8 + T - 1) / T, NCI = (C * 8 + T - 1) / T;
   constexpr int NW = T / 32;
-  static_assert(R <= T && C <= T && NW <= 32 && T % 32 == 0 && (R * 8) % 32 == 0 && (C * 8) % 32 == 0, "shape");
-  float* cur = smem;
-  std::uint16_t* xh = reinterpret_cast<std::uint16_t*>(smem + F);
-  constexpr int M = D > G ? D : G;
-  float* sc_buf = smem + F + F / 2;  // s_col of the current iteration
-  float* best_sc_buf = sc_buf + M;
-  float* tmp_c = best_sc_buf + M;    // column stds
-  float* sr_buf = tmp_c + M;         // s_row of the current iteration
-  float* best_sr_buf = sr_buf + M;
-  float* tmp_r = best_sr_buf + M;    // row stds for the s_row update
-  float* part = tmp_r + M;           // [parity][row/col][warp][max, min]
+  static_assert(
+      R <= T && C <= T && NW <= 32 && T % 32 == 0 && (R * 8) % 32 == 0 && (C * 8) % 32 == 0,
+      "shape");
+  float* cur = bufs.cur;
+  const std::uint16_t* xh = bufs.xh;
+  float* sc_buf = bufs.sc;
+  float* best_sc_buf = bufs.best_sc;
+  float* tmp_c = bufs.tmp_c;
+  float* sr_buf = bufs.sr;
+  float* best_sr_buf = bufs.best_sr;
+  float* tmp_r = bufs.tmp_r;
+  float* part = bufs.part;
+  // reciprocals, read only by the divider-free path
+  auto rcp = [](const float* buf, int i) { return kFast ? buf[i] : 0.0f; };
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, j = tid & 7;
-
-  const int tile = blockIdx.x;
-  const int blk = tile / a.num_heads, head = tile % a.num_heads;
-  const std::uint16_t* in =
-      (IS_KEY ? a.k : a.v) + blk * a.block_stride + head * a.head_stride;
-
-  // ---- load, rotate (FWHT along d), round to fp16 ----
-  if (a.hadamard == 2) {
-    rotate_fp16_exact<D, G, IS_KEY, T, LD>(a, in, reinterpret_cast<long long*>(cur), xh);
-  } else {
-    for (int i = tid; i < G * D; i += T) {
-      const int g = i / D, d = i % D;
-      const float v = half_bits_to_float(in[g * a.row_stride + d]);
-      if (IS_KEY) {
-        cur[d * LD + g] = v;
-      } else {
-        cur[g * LD + d] = v;
-      }
-    }
-    __syncthreads();
-    if (a.hadamard) {
-      for (int h = 1; h < D; h <<= 1) {
-        for (int p = tid; p < G * D / 2; p += T) {
-          int g, q;
-          if (IS_KEY) {
-            g = p % G;
-            q = p / G;
-          } else {
-            q = p % (D / 2);
-            g = p / (D / 2);
-          }
-          const int jj = (q / h) * 2 * h + q % h;
-          float* u = IS_KEY ? cur + jj * LD + g : cur + g * LD + jj;
-          const int step = IS_KEY ? h * LD : h;
-          const float x0 = u[0], x1 = u[step];
-          u[0] = x0 + x1;
-          u[step] = x0 - x1;
-        }
-        __syncthreads();
-      }
-    }
-    for (int i = tid; i < R * C; i += T) {
-      const int r = i / C, c = i % C;
-      const float v = cur[r * LD + c];
-      const std::uint16_t hb = float_to_half_bits(a.hadamard ? v * a.rot_scale : v);
-      if ((hb & 0x7c00u) == 0x7c00u && a.overflow) atomicExch(a.overflow, 1);
-      xh[r * LD + c] = hb;
-    }
-    __syncthreads();
-  }
 
   // ---- VarN: iteration 0 = the initial statistics (scales 1) ----
   // Per iteration: [R1 a = x / s_col, stds of a / s_row -> tmp_r] | [R2 new s_row, one thread
@@ -225,10 +265,14 @@ __device__ __forceinline__ void store_stream(const StoreArgs& a, float* smem) {
   if (tid < R) {
     sr_buf[tid] = 1.0f;
     best_sr_buf[tid] = 1.0f;
+    bufs.rr[tid] = 1.0f;
+    bufs.best_rr[tid] = 1.0f;
   }
   if (tid < C) {
     sc_buf[tid] = 1.0f;
     best_sc_buf[tid] = 1.0f;
+    bufs.rc[tid] = 1.0f;
+    bufs.best_rc[tid] = 1.0f;
   }
   __syncthreads();
   float best = 0.0f;
@@ -253,12 +297,13 @@ __device__ __forceinline__ void store_stream(const StoreArgs& a, float* smem) {
           const int r = item >> 3;
           float* cr = cur + r * LD + j;  // this lane's slots: scratch for a / s_row
 #pragma unroll
-          for (int k = 0; k < ER; ++k) av[ii][k] = av[ii][k] / sc_buf[j + 8 * k];
-          const float so = sr_buf[r];
+          for (int k = 0; k < ER; ++k)
+            av[ii][k] = div_scale<kFast>(av[ii][k], sc_buf[j + 8 * k], rcp(bufs.rc, j + 8 * k));
+          const float so = sr_buf[r], yo = rcp(bufs.rr, r);
           float p = 0.0f;
 #pragma unroll
           for (int k = 0; k < ER; ++k) {
-            const float v = av[ii][k] / so;
+            const float v = div_scale<kFast>(av[ii][k], so, yo);
             cr[8 * k] = v;
             p += v;
           }
@@ -278,7 +323,9 @@ __device__ __forceinline__ void store_stream(const StoreArgs& a, float* smem) {
       if (tid < R) {
         log_sr_t = clampf_ref(log_sr_t + portable_log(clampf_ref(tmp_r[tid], a.std_min, a.std_max)),
                               a.log_min, a.log_max);
-        sr_buf[tid] = portable_exp(log_sr_t);
+        const float s = portable_exp(log_sr_t);
+        sr_buf[tid] = s;
+        if constexpr (kFast) bufs.rr[tid] = __frcp_rn(s);
       }
       __syncthreads();
     }
@@ -290,9 +337,9 @@ __device__ __forceinline__ void store_stream(const StoreArgs& a, float* smem) {
       if (item < R * 8) {
         const int r = item >> 3;
         if (it > 0) {
-          const float sn = sr_buf[r];
+          const float sn = sr_buf[r], yn = rcp(bufs.rr, r);
 #pragma unroll
-          for (int k = 0; k < ER; ++k) av[ii][k] = av[ii][k] / sn;
+          for (int k = 0; k < ER; ++k) av[ii][k] = div_scale<kFast>(av[ii][k], sn, yn);
         }
         float p = 0.0f;
 #pragma unroll
@@ -350,8 +397,7 @@ __device__ __forceinline__ void store_stream(const StoreArgs& a, float* smem) {
     __syncthreads();
     // C2: imbalance ratio(col) + ratio(row), every warp alike; best scales; next s_col.
     float rx = lane < NW ? pr[lane * 2] : -kInf, rn = lane < NW ? pr[lane * 2 + 1] : kInf;
-    float cx = lane < NW ? pr[64 + lane * 2] : -kInf,
-          cn = lane < NW ? pr[64 + lane * 2 + 1] : kInf;
+    float cx = lane < NW ? pr[64 + lane * 2] : -kInf, cn = lane < NW ? pr[64 + lane * 2 + 1] : kInf;
     warp_maxmin(rx, rn);
     warp_maxmin(cx, cn);
     const float imb = cx / fmaxf(cn, a.floor) + rx / fmaxf(rn, a.floor);
@@ -362,12 +408,20 @@ __device__ __forceinline__ void store_stream(const StoreArgs& a, float* smem) {
       best = imb;
       better = true;
     }
-    if (tid < R && better) best_sr_buf[tid] = sr_buf[tid];
+    if (tid < R && better) {
+      best_sr_buf[tid] = sr_buf[tid];
+      if constexpr (kFast) bufs.best_rr[tid] = bufs.rr[tid];
+    }
     if (tid < C) {
-      if (better) best_sc_buf[tid] = sc_buf[tid];
+      if (better) {
+        best_sc_buf[tid] = sc_buf[tid];
+        if constexpr (kFast) bufs.best_rc[tid] = bufs.rc[tid];
+      }
       log_sc_t = clampf_ref(log_sc_t + portable_log(clampf_ref(tmp_c[tid], a.std_min, a.std_max)),
                             a.log_min, a.log_max);
-      sc_buf[tid] = portable_exp(log_sc_t);  // s_col of the next iteration
+      const float s = portable_exp(log_sc_t);  // s_col of the next iteration
+      sc_buf[tid] = s;
+      if constexpr (kFast) bufs.rc[tid] = __frcp_rn(s);
     }
     __syncthreads();
   }
@@ -377,11 +431,10 @@ __device__ __forceinline__ void store_stream(const StoreArgs& a, float* smem) {
   const int pf = 8 / bits;
   const float qmax = static_cast<float>((1 << bits) - 1);
   const int row_bytes = C / pf;
-  std::uint8_t* rec = a.records +
-                      ((a.dst_block ? static_cast<long long>(a.dst_block[blk]) : blk) *
-                           a.num_heads +
-                       head) *
-                          a.record_bytes;
+  std::uint8_t* rec =
+      a.records +
+      ((a.dst_block ? static_cast<long long>(a.dst_block[blk]) : blk) * a.num_heads + head) *
+          a.record_bytes;
   std::uint8_t* code_dst = rec + (IS_KEY ? a.k_codes : a.v_codes);
   const int sb = a.fp8_scales ? 1 : 2;
   if (tid < C)
@@ -393,10 +446,13 @@ __device__ __forceinline__ void store_stream(const StoreArgs& a, float* smem) {
     if (item < R * 8) {
       const int r = item >> 3;
       const std::uint16_t* xr = xh + r * LD + j;
-      const float bs = best_sr_buf[r];
+      const float bs = best_sr_buf[r], ybs = rcp(bufs.best_rr, r);
       float bv[ER];
 #pragma unroll
-      for (int k = 0; k < ER; ++k) bv[k] = (h2f(xr[8 * k]) / best_sc_buf[j + 8 * k]) / bs;
+      for (int k = 0; k < ER; ++k)
+        bv[k] = div_scale<kFast>(
+            div_scale<kFast>(h2f(xr[8 * k]), best_sc_buf[j + 8 * k], rcp(bufs.best_rc, j + 8 * k)),
+            bs, ybs);
       // min/max as the sequential std::min/std::max scan: the first index among equal values
       float mn = bv[0], mx = bv[0];
       int imn = j, imx = j;
@@ -456,6 +512,78 @@ __device__ __forceinline__ void store_stream(const StoreArgs& a, float* smem) {
   }
 }
 
+// One stream of one tile: oriented R x C, T threads, F floats per [R][C + 8] buffer. Rotates,
+// then runs VarN, RTN and the packing with or without the divider (tile_divides_fast).
+template <int D, int G, int R, int C, bool IS_KEY, int T, int F>
+__device__ __forceinline__ void store_stream(const StoreArgs& a, float* smem) {
+  constexpr int LD = C + 8;  // fp32 and fp16 row pitch (conflict-free row access)
+  constexpr int M = D > G ? D : G;
+  const StoreBufs<F, M> sb(smem);
+  float* cur = sb.cur;
+  std::uint16_t* xh = sb.xh;
+  __shared__ unsigned tile_mag[3];  // tile_divides_fast
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    tile_mag[0] = 0xffffu;
+    tile_mag[1] = 0;
+    tile_mag[2] = 0;
+  }
+
+  const int tile = blockIdx.x;
+  const int blk = tile / a.num_heads, head = tile % a.num_heads;
+  const std::uint16_t* in = (IS_KEY ? a.k : a.v) + blk * a.block_stride + head * a.head_stride;
+
+  // ---- load, rotate (FWHT along d), round to fp16 ----
+  if (a.hadamard == 2) {
+    rotate_fp16_exact<D, G, IS_KEY, T, LD>(a, in, reinterpret_cast<long long*>(cur), xh);
+  } else {
+    for (int i = tid; i < G * D; i += T) {
+      const int g = i / D, d = i % D;
+      const float v = half_bits_to_float(in[g * a.row_stride + d]);
+      if (IS_KEY) {
+        cur[d * LD + g] = v;
+      } else {
+        cur[g * LD + d] = v;
+      }
+    }
+    __syncthreads();
+    if (a.hadamard) {
+      for (int h = 1; h < D; h <<= 1) {
+        for (int p = tid; p < G * D / 2; p += T) {
+          int g, q;
+          if (IS_KEY) {
+            g = p % G;
+            q = p / G;
+          } else {
+            q = p % (D / 2);
+            g = p / (D / 2);
+          }
+          const int jj = (q / h) * 2 * h + q % h;
+          float* u = IS_KEY ? cur + jj * LD + g : cur + g * LD + jj;
+          const int step = IS_KEY ? h * LD : h;
+          const float x0 = u[0], x1 = u[step];
+          u[0] = x0 + x1;
+          u[step] = x0 - x1;
+        }
+        __syncthreads();
+      }
+    }
+    for (int i = tid; i < R * C; i += T) {
+      const int r = i / C, c = i % C;
+      const float v = cur[r * LD + c];
+      const std::uint16_t hb = float_to_half_bits(a.hadamard ? v * a.rot_scale : v);
+      if ((hb & 0x7c00u) == 0x7c00u && a.overflow) atomicExch(a.overflow, 1);
+      xh[r * LD + c] = hb;
+    }
+    __syncthreads();
+  }
+  if (tile_divides_fast<R, C, T, LD>(a, xh, tile_mag)) {
+    varn_rtn_pack<D, G, R, C, IS_KEY, T, F, true>(a, sb, blk, head);
+  } else {
+    varn_rtn_pack<D, G, R, C, IS_KEY, T, F, false>(a, sb, blk, head);
+  }
+}
+
 }  // namespace detail
 
 template <int D, int G>
@@ -472,7 +600,7 @@ constexpr int store_tile_floats() {
 template <int D, int G>
 constexpr int store_smem_bytes() {
   constexpr int F = store_tile_floats<D, G>();
-  return 4 * (F + F / 2 + 6 * (D > G ? D : G) + 2 * 4 * 32);
+  return 4 * (F + F / 2 + detail::kStoreVectors * (D > G ? D : G) + 2 * 4 * 32);
 }
 
 template <int D, int G>

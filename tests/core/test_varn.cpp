@@ -1,5 +1,3 @@
-#include "kvarn/core/varn.hpp"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,6 +5,7 @@
 #include "kvarn/core/portable_math.hpp"
 #include "kvarn/core/reduce.hpp"
 #include "kvarn/core/rng.hpp"
+#include "kvarn/core/varn.hpp"
 #include "kvarn/data/error.hpp"
 #include "test_util.hpp"
 
@@ -20,8 +19,7 @@ TEST(Varn, NeverEndsAboveIdentityImbalance) {
       std::vector<float> out(t.size());
       VarnResult res = variance_normalize(t.data(), r, c, VarnParams{}, out.data());
       ASSERT_LE(res.imbalance_after, res.imbalance_before);
-      EXPECT_NEAR(imbalance(out.data(), r, c), res.imbalance_after,
-                  1e-4 * res.imbalance_after);
+      EXPECT_NEAR(imbalance(out.data(), r, c), res.imbalance_after, 1e-4 * res.imbalance_after);
       for (float s : res.s_row) ASSERT_TRUE(s >= std::exp(-0.3f) * 0.9999f && s <= std::exp(10.0f));
       for (float s : res.s_col) ASSERT_TRUE(s >= std::exp(-0.3f) * 0.9999f && s <= std::exp(10.0f));
     }
@@ -54,7 +52,8 @@ TEST(Varn, MatchesHandComputedFirstIteration) {
   const int n = 8;
   Matrix t(n, n);
   for (int r = 0; r < n; ++r)
-    for (int c = 0; c < n; ++c) t(r, c) = static_cast<float>((r + 1) * ((c * 3 + r) % 5 - 2)) * (c + 1);
+    for (int c = 0; c < n; ++c)
+      t(r, c) = static_cast<float>((r + 1) * ((c * 3 + r) % 5 - 2)) * (c + 1);
   VarnParams p;
   p.iters = 1;
   std::vector<float> out(t.size());
@@ -157,6 +156,27 @@ TEST(Varn, FmaBuildIsBitIdenticalToBaseline) {
 
 // balanced is T / s_col / s_row, divided in that order, whether the best step is the last one
 // (its T / sc / sr is kept) or an earlier one (recomputed from the chosen scales).
+// The magnitudes under which a division by a scale may skip the divider: every dividend T,
+// T / s_col, T / s_col / s_row within [2^-60, 2^60] for scales in [e^log_min / 2, e^log_max * 2].
+TEST(Varn, DivisionBoundsFollowTheScaleRange) {
+  VarnParams p;  // log_min -0.3, log_max 10
+  const VarnDivisionBounds b = varn_division_bounds(p);
+  const double s_lo = std::exp(static_cast<double>(p.log_min)) / 2,
+               s_hi = std::exp(static_cast<double>(p.log_max)) * 2;
+  EXPECT_DOUBLE_EQ(b.lo, std::ldexp(s_hi * s_hi, -60));
+  EXPECT_DOUBLE_EQ(b.hi, std::ldexp(s_lo * s_lo, 60));
+  // every finite nonzero fp16 magnitude qualifies with the defaults (what the GPU store relies on
+  // for speed, not for correctness)
+  EXPECT_LT(b.lo, std::ldexp(1.0, -24));
+  EXPECT_GT(b.hi, 65504.0);
+  p.log_max = 45.0f;  // scales up to e^45 > 2^60: never
+  const VarnDivisionBounds never = varn_division_bounds(p);
+  EXPECT_GT(never.lo, never.hi);
+  p = VarnParams{};
+  p.log_min = -45.0f;  // scales down to e^-45 < 2^-60: never
+  EXPECT_GT(varn_division_bounds(p).lo, varn_division_bounds(p).hi);
+}
+
 TEST(Varn, BalancedIsTheTileDividedByTheChosenScales) {
   int last = 0, earlier = 0;
   for (int seed = 0; seed < 40; ++seed) {

@@ -93,6 +93,7 @@ struct StoreCase {
   RotationKind rot = RotationKind::kHadamardFp16;  // the default (published fp16 matrix)
   int iters = 8;
   bool zeros = false;
+  float log_max = VarnParams{}.log_max;  // 45: scales beyond 2^60, the store divides by the divider
 };
 
 std::string case_name(const StoreCase& c) {
@@ -101,7 +102,8 @@ std::string case_name(const StoreCase& c) {
     << (c.rot == RotationKind::kNone       ? "_norot"
         : c.rot == RotationKind::kHadamard ? "_exact"
                                            : "")
-    << "_it" << c.iters << (c.zeros ? "_zeros" : "");
+    << "_it" << c.iters << (c.zeros ? "_zeros" : "")
+    << (c.log_max != VarnParams{}.log_max ? "_divider" : "");
   return o.str();
 }
 
@@ -116,6 +118,7 @@ TEST_P(StoreBitIdentity, RecordBytesMatchCpu) {
   cfg.group = c.g;
   cfg.rotation = c.rot;
   cfg.varn.iters = c.iters;
+  cfg.varn.log_max = c.log_max;
   cfg.scales = c.fp8 ? ScaleStorage::kFp8E4M3 : ScaleStorage::kFp16;
   const int d = c.d, g = c.g, heads = 2, blocks = 3;
   Rng rng(1234 + c.kb * 100 + c.vb * 10 + g + d);
@@ -148,6 +151,11 @@ std::vector<StoreCase> store_cases() {
   v.push_back({4, 4, 64, 64, false, RotationKind::kNone, 8, true});
   v.push_back({8, 8, 256, 128, true, RotationKind::kNone, 8, true});
   v.push_back({4, 2, 32, 128, false, RotationKind::kHadamard, 8, true});
+  // divisions by a scale: the divider-free path on every tile above without -0 (the default
+  // scale range); the IEEE divider where the scale range rules it out, and on the -0 tiles
+  v.push_back({4, 2, 128, 128, false, RotationKind::kHadamardFp16, 8, false, 45.0f});
+  v.push_back({4, 4, 256, 128, true, RotationKind::kHadamard, 20, false, 45.0f});
+  v.push_back({3, 2, 64, 64, false, RotationKind::kNone, 8, false, 45.0f});
   return v;
 }
 

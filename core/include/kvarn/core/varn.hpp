@@ -45,6 +45,15 @@ bool varn_fma_available();
 VarnResult variance_normalize(const float* tile, int rows, int cols, const VarnParams& params,
                               float* balanced, VarnBuild build = VarnBuild::kAuto);
 
+// Where a division of variance_normalize by a scale may be done without the divider: with y =
+// RN(1/b), q0 = RN(a y) and two fused corrections q = q + (a - b q) y, Markstein's theorem gives
+// the correctly rounded a / b when every dividend and divisor lies in [2^-60, 2^60]. That holds
+// for a tile with no -0, Inf or NaN whose nonzero magnitudes lie in [lo, hi] (lo > hi: never, the
+// scale range alone rules it out). The FMA build and the CUDA store kernel both use it.
+struct VarnDivisionBounds {
+  double lo, hi;
+};
+VarnDivisionBounds varn_division_bounds(const VarnParams& params);
 // Imb of a matrix (rows x cols, row-major), canonical reductions.
 float imbalance(const float* x, int rows, int cols, float floor = 1e-8f);
 
