@@ -1,5 +1,6 @@
 // KVarN store and append launchers. Compiled with --fmad=false (bit-identity with the CPU).
 #include <cmath>
+#include <cstdint>
 
 #include "kvarn/core/hadamard_fp16.hpp"
 #include "kvarn/core/kvarn.hpp"
@@ -71,6 +72,9 @@ void kvarn_store(const KvarnConfig& cfg, int head_dim, const StoreTiles& t, cuda
   const VarnDivisionBounds div = varn_division_bounds(cfg.varn);
   a.div_lo = div.lo;
   a.div_hi = div.hi;
+  auto aligned16 = [](const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; };
+  a.rows_16b = aligned16(t.k) && aligned16(t.v) && t.row_stride % 8 == 0 &&
+               t.head_stride % 8 == 0 && t.block_stride % 8 == 0;
   a.k_codes = static_cast<int>(lay.k_codes);
   a.s_col_k = static_cast<int>(lay.s_col_k);
   a.zp_k = static_cast<int>(lay.zp_k);

@@ -65,6 +65,7 @@ struct StoreArgs {
   int iters;
   float std_min, std_max, log_min, log_max, floor;
   double div_lo, div_hi;  // varn_division_bounds: the tile magnitudes of the divider-free path
+  int rows_16b;  // k, v and every stride allow 16-byte loads of 8 channels (rotate_fp16_exact)
   // record layout (byte offsets)
   int k_codes, s_col_k, zp_k, s_row_k, v_codes, s_col_v, s_row_v, zp_v, end;
 };
@@ -128,36 +129,84 @@ constexpr float kInf = __builtin_huge_valf();
 // fp16 bits -> float by the hardware conversion (exact for every fp16 value, subnormals too).
 __device__ __forceinline__ float h2f(std::uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
+// Eight-point FWHT in registers: v[k] for the channels d0 + k s (the stages h = s, 2s, 4s of the
+// full transform; integer adds are exact, so any stage order gives the same sums).
+__device__ __forceinline__ void fwht8(long long (&v)[8]) {
+#pragma unroll
+  for (int h = 1; h < 8; h <<= 1)
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if ((k & h) == 0) {
+        const long long x0 = v[k], x1 = v[k + h];
+        v[k] = x0 + x1;
+        v[k + h] = x0 - x1;
+      }
+}
+
 // The published fp16 rotation of one oriented tile into x (fp16 bits, pitch LD), exactly as
-// Rotation(kHadamardFp16): acc holds D x G/2 int64 (token-half h: acc[d * G/2 + g - h * G/2]).
+// Rotation(kHadamardFp16), half the tile's tokens at a time: acc holds D x G/2 int64 (token-half
+// h: acc[d * G/2 + g - h * G/2]). The FWHT along d in three passes of register butterflies: the
+// load does stages 1-4 (8 consecutive channels of a token, one 16-byte load), the second pass
+// stages 8-32 (channels d0 + 8k), the rounding pass stage 64 (D 128). Lanes take consecutive
+// tokens, so the int64 accesses are conflict-free.
 template <int D, int G, bool IS_KEY, int T, int LD>
 __device__ __forceinline__ void rotate_fp16_exact(const StoreArgs& a, const std::uint16_t* in,
                                                   long long* acc, std::uint16_t* xh) {
-  constexpr int GH = G / 2;
+  static_assert(D == 64 || D == 128, "stages 1-32 in two passes, 64 in the rounding pass");
+  constexpr int GH = G / 2, kGroups = D / 8;
   const int tid = threadIdx.x;
   for (int half = 0; half < 2; ++half) {
-    for (int i = tid; i < GH * D; i += T) {
-      const int gl = i / D, d = i % D;
-      const std::uint16_t x = in[(half * GH + gl) * a.row_stride + d];
-      if ((x & 0x7c00u) == 0x7c00u && a.overflow) atomicExch(a.overflow, 1);
-      acc[d * GH + gl] = half_to_fixed24(x);
+    for (int it = tid; it < GH * kGroups; it += T) {  // stages 1, 2, 4
+      const int gl = it % GH, d0 = 8 * (it / GH);
+      const std::uint16_t* src = in + (half * GH + gl) * a.row_stride + d0;
+      std::uint16_t xs[8];
+      if (a.rows_16b) {  // the host checked the 16-byte alignment of every row group
+        const uint4 raw = *reinterpret_cast<const uint4*>(src);
+        const std::uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int k = 0; k < 8; ++k) xs[k] = static_cast<std::uint16_t>(w[k / 2] >> (16 * (k % 2)));
+      } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) xs[k] = src[k];
+      }
+      long long v[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const std::uint16_t x = xs[k];
+        if ((x & 0x7c00u) == 0x7c00u && a.overflow) atomicExch(a.overflow, 1);
+        v[k] = half_to_fixed24(x);
+      }
+      fwht8(v);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[(d0 + k) * GH + gl] = v[k];
     }
     __syncthreads();
-    for (int h = 1; h < D; h <<= 1) {
-      for (int p = tid; p < GH * D / 2; p += T) {
-        const int gl = p % GH, q = p / GH;
-        long long* u = acc + ((q / h) * 2 * h + q % h) * GH + gl;
-        const long long x0 = u[0], x1 = u[h * GH];
-        u[0] = x0 + x1;
-        u[h * GH] = x0 - x1;
-      }
-      __syncthreads();
+    for (int it = tid; it < GH * kGroups; it += T) {  // stages 8, 16, 32
+      const int gl = it % GH, grp = it / GH, d0 = grp % 8 + 64 * (grp / 8);
+      long long v[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = acc[(d0 + 8 * k) * GH + gl];
+      fwht8(v);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[(d0 + 8 * k) * GH + gl] = v[k];
     }
-    for (int i = tid; i < GH * D; i += T) {
-      const int d = i / GH, g = half * GH + i % GH;
-      const std::uint16_t hb = float_to_half_bits(hadamard_fp16_scale(acc[i], a.rot_c));
+    __syncthreads();
+    auto put = [&](int d, int gl, long long s24) {
+      const int g = half * GH + gl;
+      const std::uint16_t hb = float_to_half_bits(hadamard_fp16_scale(s24, a.rot_c));
       if ((hb & 0x7c00u) == 0x7c00u && a.overflow) atomicExch(a.overflow, 1);
       xh[IS_KEY ? d * LD + g : g * LD + d] = hb;
+    };
+    for (int it = tid; it < GH * 64; it += T) {  // stage 64 (D 128), rounding
+      const int gl = it % GH, d = it / GH;
+      const long long x0 = acc[d * GH + gl];
+      if constexpr (D == 128) {
+        const long long x1 = acc[(d + 64) * GH + gl];
+        put(d, gl, x0 + x1);
+        put(d + 64, gl, x0 - x1);
+      } else {
+        put(d, gl, x0);
+      }
     }
     __syncthreads();
   }

@@ -39,11 +39,12 @@ void add_zeros(std::vector<std::uint16_t>& rows, std::size_t row_elems) {
   }
 }
 
-// Runs the store on rows [blocks, G, heads, D] (fp16 bits) and counts tiles whose record bytes
-// differ from kvarn_encode_record (printing the differing byte count).
+// Runs the store on rows [blocks, G, heads, D] (fp16 bits; each token row padded by `pad`
+// elements, so pad % 8 != 0 takes the store's unaligned row loads) and counts tiles whose record
+// bytes differ from kvarn_encode_record (printing the differing byte count).
 std::size_t store_mismatched_tiles(const KvarnConfig& cfg, int d, int g, int heads, int blocks,
                                    const std::vector<std::uint16_t>& k,
-                                   const std::vector<std::uint16_t>& v) {
+                                   const std::vector<std::uint16_t>& v, int pad = 0) {
   const KvarnRecordLayout lay = kvarn_record_layout(d, cfg);
   DeviceBuffer<std::uint16_t> dk(k), dv(v);
   DeviceBuffer<std::uint8_t> rec(static_cast<std::size_t>(blocks) * heads * lay.aligned);
@@ -54,9 +55,9 @@ std::size_t store_mismatched_tiles(const KvarnConfig& cfg, int d, int g, int hea
   t.v = dv.get();
   t.num_tiles = blocks * heads;
   t.num_heads = heads;
-  t.row_stride = static_cast<long long>(heads) * d;
+  t.row_stride = static_cast<long long>(heads) * d + pad;
   t.head_stride = d;
-  t.block_stride = static_cast<long long>(g) * heads * d;
+  t.block_stride = static_cast<long long>(g) * t.row_stride;
   t.records = rec.get();
   t.overflow = overflow.get();
   cuda::kvarn_store(cfg, d, t);
@@ -70,7 +71,8 @@ std::size_t store_mismatched_tiles(const KvarnConfig& cfg, int d, int g, int hea
       std::vector<float> kr(static_cast<std::size_t>(g) * d), vr(kr.size());
       for (int r = 0; r < g; ++r)
         for (int x = 0; x < d; ++x) {
-          const std::size_t src = ((static_cast<std::size_t>(bl) * g + r) * heads + h) * d + x;
+          const std::size_t src = (static_cast<std::size_t>(bl) * g + r) * t.row_stride +
+                                  static_cast<std::size_t>(h) * d + x;
           kr[static_cast<std::size_t>(r) * d + x] = half_bits_to_float(k[src]);
           vr[static_cast<std::size_t>(r) * d + x] = half_bits_to_float(v[src]);
         }
@@ -94,6 +96,7 @@ struct StoreCase {
   int iters = 8;
   bool zeros = false;
   float log_max = VarnParams{}.log_max;  // 45: scales beyond 2^60, the store divides by the divider
+  int pad = 0;  // elements after each token row (4: rows not 16-byte aligned)
 };
 
 std::string case_name(const StoreCase& c) {
@@ -103,7 +106,8 @@ std::string case_name(const StoreCase& c) {
         : c.rot == RotationKind::kHadamard ? "_exact"
                                            : "")
     << "_it" << c.iters << (c.zeros ? "_zeros" : "")
-    << (c.log_max != VarnParams{}.log_max ? "_divider" : "");
+    << (c.log_max != VarnParams{}.log_max ? "_divider" : "")
+    << (c.pad ? "_pad" + std::to_string(c.pad) : "");
   return o.str();
 }
 
@@ -122,14 +126,15 @@ TEST_P(StoreBitIdentity, RecordBytesMatchCpu) {
   cfg.scales = c.fp8 ? ScaleStorage::kFp8E4M3 : ScaleStorage::kFp16;
   const int d = c.d, g = c.g, heads = 2, blocks = 3;
   Rng rng(1234 + c.kb * 100 + c.vb * 10 + g + d);
-  // input layout [blocks, G, heads, D]
-  auto k = make_rows(rng, static_cast<std::size_t>(blocks) * g, heads, d, true);
-  auto v = make_rows(rng, static_cast<std::size_t>(blocks) * g, heads, d, false);
+  // input layout [blocks, G, heads, D] (+ pad per token row: heads * D + pad as heads * 1 "head"
+  // rows of make_rows, the pad elements random and never read)
+  auto k = make_rows(rng, static_cast<std::size_t>(blocks) * g, 1, heads * d + c.pad, true);
+  auto v = make_rows(rng, static_cast<std::size_t>(blocks) * g, 1, heads * d + c.pad, false);
   if (c.zeros) {
-    add_zeros(k, static_cast<std::size_t>(heads) * d);
-    add_zeros(v, static_cast<std::size_t>(heads) * d);
+    add_zeros(k, static_cast<std::size_t>(heads) * d + c.pad);
+    add_zeros(v, static_cast<std::size_t>(heads) * d + c.pad);
   }
-  EXPECT_EQ(store_mismatched_tiles(cfg, d, g, heads, blocks, k, v), 0u) << case_name(c);
+  EXPECT_EQ(store_mismatched_tiles(cfg, d, g, heads, blocks, k, v, c.pad), 0u) << case_name(c);
 }
 
 std::vector<StoreCase> store_cases() {
@@ -156,6 +161,11 @@ std::vector<StoreCase> store_cases() {
   v.push_back({4, 2, 128, 128, false, RotationKind::kHadamardFp16, 8, false, 45.0f});
   v.push_back({4, 4, 256, 128, true, RotationKind::kHadamard, 20, false, 45.0f});
   v.push_back({3, 2, 64, 64, false, RotationKind::kNone, 8, false, 45.0f});
+  // padded token rows: 16-byte row loads (pad 8) and element loads (pad 4, 3)
+  const float lmax = VarnParams{}.log_max;
+  v.push_back({4, 2, 128, 128, false, RotationKind::kHadamardFp16, 8, false, lmax, 8});
+  v.push_back({4, 2, 128, 128, false, RotationKind::kHadamardFp16, 8, false, lmax, 4});
+  v.push_back({4, 4, 64, 64, false, RotationKind::kHadamardFp16, 8, true, lmax, 3});
   return v;
 }
 
