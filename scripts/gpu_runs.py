@@ -24,22 +24,15 @@ margin within one case's run-to-run spread is not an ordering. Runs must come fr
 (meta.gpu); their commits are listed (kernels that changed between them make a case's spread
 include that change, which the caller must say). Writes atomically; exits 2 on bad input.
 """
-import json
 import os
 import statistics
 import sys
 
-
-class InputError(Exception):
-    pass
+from gpu_summary import InputError, load_json, write_json
 
 
 def load(path):
-    try:
-        with open(path) as f:
-            s = json.load(f)
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: {e}")
+    s = load_json(path, "summary")
     if not isinstance(s, dict) or not isinstance(s.get("decode"), list):
         raise InputError(f"{path}: not a gpu_summary.py summary (no 'decode' list)")
     return s
@@ -101,7 +94,7 @@ def markdown(cases, hq=32, contexts=(2048, 32768, 131072)):
     return "\n".join(lines) + "\n"
 
 
-def write_atomic(path, text):
+def write_text(path, text):
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w") as f:
         f.write(text)
@@ -124,12 +117,12 @@ def main(argv):
                           date=s.get("meta", {}).get("date")) for p, s in zip(args, summaries)],
                gpu=summaries[0].get("meta", {}).get("gpu"), cases=cases)
     if "--out" in opts:
-        write_atomic(opts["--out"], json.dumps(doc, indent=1))
+        write_json(opts["--out"], doc)
     hq = int(opts.get("--hq", 32))
     ctxs = tuple(int(x) for x in opts.get("--contexts", "2048,32768,131072").split(","))
     table = markdown(cases, hq, ctxs)
     if "--markdown" in opts:
-        write_atomic(opts["--markdown"], table)
+        write_text(opts["--markdown"], table)
     counts = {}
     for c in cases:
         if c["ordering"]:
