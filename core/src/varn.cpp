@@ -95,9 +95,8 @@ VarnDivisionBounds varn_division_bounds(const VarnParams& p) {
 namespace {
 
 // Whether every division of variance_normalize on this tile may take the FMA build's divider-free
-// path (varn_kernels.inc): each dividend is T, T / s_col or T / s_col / s_row with scales exp(l),
-// l clamped to [log_min, log_max] (or 1 before the first update), so bounds on |T| and on the
-// scales bound them all; a factor 2 covers the roundings on the way. No -0, Inf or NaN in T.
+// path (varn_kernels.inc): no -0, Inf or NaN in T and its nonzero magnitudes within
+// varn_division_bounds.
 KVARN_SIMD_CLONES bool fast_division(const float* tile, std::size_t n, const VarnParams& p) {
   // Magnitudes compared as bits (monotonic for non-negative floats), eight lanes at a time (n is
   // a multiple of 8).
