@@ -60,6 +60,26 @@ int g128_warps(const DecodeProblem& p) {
                                                                                              : 1;
 }
 
+// KVarN G 128: the sink blocks whose rows the split kernel spreads over the splits (its kSpread
+// instance), 0 for none. p.spread_sink when set; else where the cache has a sink, at least 32
+// sequences x KV heads, at least 8 splits and at most 32 records per split: batch 8 from 1K to
+// 64K at Hkv 8. There one split read the whole sink (8 row items on one warp) and finished last
+// (H200, k4v2 batch 8 x 16K: 43.5 against 35.2 us for the other splits). Batch 1 keeps it in one
+// split (a split holds 1-11 records there: spread 0.94-1.02x); batch 32-128 have 1-4 splits.
+int spread_sink_blocks(const DecodeProblem& p, int splits) {
+  const KvarnConfig& c = p.kvarn;
+  if (p.format != DecodeFormat::kKvarn || c.group != 128 || c.sink() < c.group) return 0;
+  const int sink_blocks = c.sink() / c.group;
+  if (p.spread_sink >= 0) return p.spread_sink > 0 ? sink_blocks : 0;
+  constexpr long long kMinGroups = 32;
+  constexpr int kMinSplits = 8, kMaxRecordsPerSplit = 32;
+  const long long groups = static_cast<long long>(p.batch) * p.num_kv_heads;
+  const int per_split = (std::max(p.max_blocks, 0) + splits - 1) / splits;
+  return groups >= kMinGroups && splits >= kMinSplits && per_split <= kMaxRecordsPerSplit
+             ? sink_blocks
+             : 0;
+}
+
 long long record_bytes_of(const DecodeProblem& p) {
   if (p.format != DecodeFormat::kKvarn) return 0;
   return static_cast<long long>(kvarn_record_layout(p.head_dim, p.kvarn).aligned);
@@ -361,6 +381,7 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
                       ? static_cast<float>(1.0 / std::sqrt(double(p.head_dim)))
                       : 0.0f;
     a.fp8_scales = c.scales == ScaleStorage::kFp8E4M3 ? 1 : 0;
+    a.sink_blocks = spread_sink_blocks(p, splits);
     a.s_col_k = static_cast<int>(lay.s_col_k);
     a.zp_k = static_cast<int>(lay.zp_k);
     a.s_row_k = static_cast<int>(lay.s_row_k);

@@ -21,11 +21,14 @@
 // tokens and each row item's rows in halves), KVarN G 128: 1 or 2, both compiled, chosen per
 // problem by the host (decode_num_warps). A warp serves the query-head group of
 // its KV head (padded to N = 8 heads: the mma N dimension) and logical blocks
-// [s * ceil(nb / S), (s + 1) * ceil(nb / S)) of its sequence.
+// [s * ceil(nb / S), (s + 1) * ceil(nb / S)) of its sequence; KVarN: row chunks
+// [s * ceil(nc / S), ...) of the nc chunks of its fp16 sink, then blocks
+// nsb + [s * ceil(nr / S), ...) of the nr blocks after it (detail::item_range).
 // Work items stream through kStages shared-memory stages (kStages - 1 ahead):
 //   record item: one whole KVarN record (G tokens), copied verbatim by one bulk copy
 //                (cp.async.bulk, issued by thread 0) that completes on the stage's mbarrier;
-//   row item:    (cp.async) kRowTok fp16 / e4m3 K rows then V rows of a pool block / page (rows padded to
+//   row item:    (cp.async) kRowTok fp16 / e4m3 K rows then V rows of a pool block / page (rows
+//   padded to
 //                D * elem + 16 bytes; rows past the sequence are zero-filled); KVarN: 16 rows
 //                per warp, each warp takes its own 16.
 // Per item, on mma.sync m16n8k16 (fp16 in, fp32 accumulate), lane = 4 g + c:
@@ -91,6 +94,7 @@ struct DecodeArgs {
   float qk_scale;   // softmax scale * log2(e)
   float rot_scale;  // 0: no rotation; else Hadamard 1/sqrt(D)
   int fp8_scales;
+  int sink_blocks;           // KVarN: blocks of the fp16 sink (KvarnConfig::sink() / G); else 0
   std::uint32_t code_magic;  // 0x64006400 (see codes_raw); a parameter so it stays in a register
   int s_col_k, zp_k, s_row_k, v_codes, s_col_v, s_row_v, zp_v;  // record byte offsets
   float* o_part;
@@ -289,6 +293,31 @@ __device__ __forceinline__ void load_col_scales(const unsigned char* p, int c, f
     }
 }
 
+// The items of one split. KVarN's fp16 sink (its first `sink_blocks` blocks, in the pool) goes
+// to the splits in row chunks of kRowTok tokens (chunk c: block c / (G / kRowTok), rows from
+// (c % (G / kRowTok)) kRowTok), the other blocks in even runs: when one split read the whole sink
+// (8 row items for one warp) it was the last to finish (H200, k4v2 batch 8 x 16K: 43.5 against
+// 35.2 us for the other splits). Chunks [c_begin, c_end), then blocks [j_begin, j_end).
+struct ItemRange {
+  int c_begin, c_end, j_begin, j_end;
+};
+template <int G, int kRowTok>
+__device__ __forceinline__ ItemRange item_range(const SplitBlocks& r, int max_blocks,
+                                                int sink_blocks, int split, int num_splits) {
+  if (sink_blocks <= 0) return {0, 0, r.j_begin, r.j_end};
+  const int nb = min((r.len + G - 1) / G, max_blocks);
+  const int nsb = min(sink_blocks, nb);
+  const int chunks = (min(nsb * G, r.len) + kRowTok - 1) / kRowTok;
+  const int cps = (chunks + num_splits - 1) / num_splits;
+  const int nr = nb - nsb, bps = (nr + num_splits - 1) / num_splits;
+  ItemRange o;
+  o.c_begin = min(chunks, split * cps);
+  o.c_end = min(chunks, o.c_begin + cps);
+  o.j_begin = nsb + min(nr, split * bps);
+  o.j_end = nsb + min(nr, split * bps + bps);
+  return o;
+}
+
 // The start value of the code chains of a record (header comment): codes enter the mma as
 // 1024 + c 2^(f kBits), so for pack field f and the lane's heads 2c, 2c + 1 the chain starts at
 // zsum 2^(f kBits) inv - 1024 sum (zsum: the zero-point sum, inv: 1 / the record's scale maximum,
@@ -305,17 +334,21 @@ __device__ __forceinline__ void chain_start(const float* zsum, float inv, const 
 
 }  // namespace detail
 
-template <int D, int G, KvFormat F, int KB, int VB, int W>
+// kSpread (KVarN): the fp16 sink's row chunks go to the splits (detail::item_range); a separate
+// instance, as its bookkeeping cost the other shapes 1-4 % (H200).
+template <int D, int G, KvFormat F, int KB, int VB, int W, bool kSpread = false>
 __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMinCtas)
     paged_decode_kernel(DecodeArgs a) {
   using T = DecodeTraits<D, G, F, KB, VB, W>;
+  static_assert(!kSpread || F == KvFormat::kKvarn, "only KVarN has a sink");
   static_assert(W == decode_warps(F, G, W), "warps per CTA of this format and group");
   constexpr int KS = T::kKSteps;
   constexpr int kStages = T::kStages;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   static_assert(kStages <= 4, "desc + mbarriers fit the 128-byte header");
   int4* desc = reinterpret_cast<int4*>(smem_raw);  // [kStages] {record?, -, -, valid rows}
-  // KVarN records arrive by the bulk copy engine: one mbarrier per stage (bytes 64..95)
+  // KVarN records arrive by the bulk copy engine: one mbarrier per stage (bytes 64..95); bytes
+  // 96..103: the split's sink chunks
   std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(smem_raw + 64);
   unsigned char* stages = smem_raw + 128;
 
@@ -334,8 +367,26 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
   unsigned bar_phase = 0;  // bit i: parity of the next phase of bars[i] to wait for
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const SplitBlocks range = split_blocks(a.seq_lens, a.block_table, a.max_blocks, G, a.num_splits);
-  const int len = range.len, j_begin = range.j_begin, j_end = range.j_end;
+  const detail::ItemRange items = kSpread
+                                      ? detail::item_range<G, T::kRowTok>(
+                                            range, a.max_blocks, a.sink_blocks, split, a.num_splits)
+                                      : detail::ItemRange{0, 0, range.j_begin, range.j_end};
+  const int len = range.len, j_begin = items.j_begin, j_end = items.j_end;
   const int* table = range.table;
+  // kSpread: {c_begin, n_sink} of the split's sink chunks (issue), in the header: registers are
+  // what limits the two-warp instances
+  int* sink_hdr = reinterpret_cast<int*>(smem_raw + 96);
+  if constexpr (kSpread) {
+    if (tid == 0) {
+      sink_hdr[0] = items.c_begin;
+      sink_hdr[1] = items.c_end - items.c_begin;
+    }
+    if constexpr (T::kWarps > 1) {
+      __syncthreads();
+    } else {
+      __syncwarp();
+    }
+  }
 
   // ---- query fragment: head g, channels q_channel(s, c, e); rotate; scale ----
   float qf[KS][4];
@@ -396,47 +447,98 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
     }
     return __shfl_sync(0xffffffffu, win, j - win_base);
   };
-  int pj = j_begin, pc = 0;  // next block / row chunk to issue
-  auto issue = [&](int stage) {
+  auto sink_meta = [&](int j) {  // block_meta's value by direct loads (a split reads few)
+    const int phys = table[j];
+    if constexpr (F == KvFormat::kKvarn) {
+      const int slot = a.block_to_slot[phys];
+      return slot >= 0 ? -(slot + 1) : phys;
+    }
+    return -(phys + 1);
+  };
+  // The whole record `meta` (>= 0) into `stage` in one bulk copy (size and addresses 16-byte
+  // aligned: host checks).
+  auto copy_record = [&](int stage, int meta) {
+    if (tid == 0) {
+      const unsigned char* src =
+          a.records + (static_cast<long long>(meta) * a.num_kv_heads + h) * a.record_bytes;
+      const unsigned bytes = static_cast<unsigned>(a.record_bytes);
+      mbar_arrive_expect_tx(&bars[stage], bytes);
+      bulk_copy_g2s(stages + stage * a.stage_bytes, src, bytes, &bars[stage]);
+    }
+  };
+  // Rows [row0, row0 + n) of pool slot `slot` into dst (rows up to kRowTok zero-filled).
+  auto copy_rows = [&](unsigned char* dst, int slot, int row0, int n) {
+    const long long off =
+        ((static_cast<long long>(slot) * a.num_kv_heads + h) * G + row0) * T::kRowBytes;
+    const unsigned char* kb = static_cast<const unsigned char*>(a.k_pool) + off;
+    const unsigned char* vb = static_cast<const unsigned char*>(a.v_pool) + off;
+    // Thread t copies chunk t % kCpr of rows t / kCpr + k kRps (k = 0, 1, ...): K rows, then V
+    // rows; the row pattern is compile-time per k, so no per-chunk index arithmetic.
+    constexpr int kCpr = T::kRowBytes / 16, kRps = kThreads / kCpr;  // chunks/row, rows/sweep
+    static_assert(kThreads % kCpr == 0 && T::kRowTok % kRps == 0, "row copy pattern");
+    const int q16 = tid % kCpr, r0 = tid / kCpr;
+#pragma unroll
+    for (int k = 0; k < 2 * T::kRowTok / kRps; ++k) {
+      const int kv = k * kRps / T::kRowTok, r = r0 + (k * kRps) % T::kRowTok;
+      const bool valid = r < n;
+      const unsigned char* src = (kv ? vb : kb) + (valid ? r * T::kRowBytes + q16 * 16 : 0);
+      unsigned char* d16 = dst + (kv * T::kRowTok + r) * T::kRowStride + q16 * 16;
+      if constexpr (F == KvFormat::kFp16) {
+        cp_async16_l2_128(d16, src, valid);
+      } else {
+        cp_async16(d16, src, valid);
+      }
+    }
+  };
+  // Items in order: this split's sink chunks (kSpread; items [0, n_sink): chunk c_begin + i),
+  // then its blocks (row items of pool blocks in kRowTok-token chunks).
+  constexpr int kChunks = G / T::kRowTok;  // row chunks per block
+  int pj = j_begin, pc = 0;                // next block / row chunk to issue
+  int issued = 0;                          // items issued
+  auto in_sink = [&] {
+    if constexpr (kSpread) return issued < sink_hdr[1];
+    return false;
+  };
+  auto more = [&] { return in_sink() || pj < j_end; };
+  // Sink chunk `issued` of this split (kSpread): pool rows, or, where the sink block holds a
+  // record instead, the whole record for its chunk 0 and empty (zero-filled) items for the rest.
+  auto issue_sink_chunk = [&](int stage) {
+    const int ch = sink_hdr[0] + issued, j = ch / kChunks, row0 = (ch % kChunks) * T::kRowTok;
+    const int meta = sink_meta(j), n_valid = min(G, len - j * G);
+    int4 d;
+    if (meta >= 0 && row0 == 0) {
+      copy_record(stage, meta);
+      d = make_int4(1, j, 0, n_valid);
+    } else {
+      const int n = meta >= 0 ? 0 : min(T::kRowTok, n_valid - row0);
+      copy_rows(stages + stage * a.stage_bytes, meta >= 0 ? 0 : -(meta + 1), row0, n);
+      d = make_int4(0, j, row0, n);
+    }
+    if (tid == 0) desc[stage] = d;
+  };
+  // The next item into stage issued % kStages.
+  auto issue = [&] {
+    const int stage = issued % kStages;
+    if constexpr (kSpread) {
+      if (in_sink()) {
+        issue_sink_chunk(stage);
+        ++issued;
+        return;
+      }
+    }
+    ++issued;
     const int meta = block_meta(pj);
     unsigned char* dst = stages + stage * a.stage_bytes;
     const int n_valid = min(G, len - pj * G);
     int4 d;
     if (F == KvFormat::kKvarn && meta >= 0) {
-      // the whole record in one bulk copy (size and addresses 16-byte aligned: host checks)
-      if (tid == 0) {
-        const unsigned char* src =
-            a.records + (static_cast<long long>(meta) * a.num_kv_heads + h) * a.record_bytes;
-        const unsigned bytes = static_cast<unsigned>(a.record_bytes);
-        mbar_arrive_expect_tx(&bars[stage], bytes);
-        bulk_copy_g2s(dst, src, bytes, &bars[stage]);
-      }
+      copy_record(stage, meta);
       d = make_int4(1, pj, 0, n_valid);
       ++pj;
     } else {
       const int slot = -(meta + 1), row0 = pc * T::kRowTok;
       const int n = min(T::kRowTok, n_valid - row0);
-      const long long off =
-          ((static_cast<long long>(slot) * a.num_kv_heads + h) * G + row0) * T::kRowBytes;
-      const unsigned char* kb = static_cast<const unsigned char*>(a.k_pool) + off;
-      const unsigned char* vb = static_cast<const unsigned char*>(a.v_pool) + off;
-      // Thread t copies chunk t % kCpr of rows t / kCpr + k kRps (k = 0, 1, ...): K rows, then V
-      // rows; the row pattern is compile-time per k, so no per-chunk index arithmetic.
-      constexpr int kCpr = T::kRowBytes / 16, kRps = kThreads / kCpr;  // chunks/row, rows/sweep
-      static_assert(kThreads % kCpr == 0 && T::kRowTok % kRps == 0, "row copy pattern");
-      const int q16 = tid % kCpr, r0 = tid / kCpr;
-#pragma unroll
-      for (int k = 0; k < 2 * T::kRowTok / kRps; ++k) {
-        const int kv = k * kRps / T::kRowTok, r = r0 + (k * kRps) % T::kRowTok;
-        const bool valid = r < n;
-        const unsigned char* src = (kv ? vb : kb) + (valid ? r * T::kRowBytes + q16 * 16 : 0);
-        unsigned char* d16 = dst + (kv * T::kRowTok + r) * T::kRowStride + q16 * 16;
-        if constexpr (F == KvFormat::kFp16) {
-          cp_async16_l2_128(d16, src, valid);
-        } else {
-          cp_async16(d16, src, valid);
-        }
-      }
+      copy_rows(dst, slot, row0, n);
       d = make_int4(0, pj, row0, n);
       if (row0 + T::kRowTok >= n_valid) {
         ++pj;
@@ -448,12 +550,11 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
     if (tid == 0) desc[stage] = d;
   };
 
-
   // ---------------- KVarN record item ----------------
   auto process_record = [&](const unsigned char* rec, int n_valid) {
     if constexpr (F == KvFormat::kKvarn) {
       const std::uint32_t magic = a.code_magic;
-      const int tb = warp * T::kTok;  // this warp's first record token
+      const int tb = warp * T::kTok;        // this warp's first record token
       const int sb = a.fp8_scales ? 1 : 2;  // bytes per row scale
       // q'' = q * s_col_k / kscale (fp16 B fragments), kscale = kmax (1 when every column scale
       // is 0, so the zero-point term below survives); qz = sum_d q zp_k for head g
@@ -574,7 +675,8 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
       detail::load_scales<T::kTokThr>(rec + a.zp_v + (tb + g * T::kTokThr) * 2, 0, zv);
       float vmax = detail::abs_max<T::kTokThr>(sv);
 #pragma unroll
-      for (int o2 = 4; o2 < 32; o2 <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o2));
+      for (int o2 = 4; o2 < 32; o2 <<= 1)
+        vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o2));
       const float vscale = vmax > 0.0f ? vmax : 1.0f, vinv = fast_rcp(vscale);
       std::uint32_t pb[T::kMT][2];
 #pragma unroll
@@ -671,10 +773,9 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
     for (int m = 0; m < kMTw; ++m) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) sc[m][r] = 0.0f;
-      const unsigned char* krow = ks +
-                                  (16 * (mw + m) + (lane & 7) + ((lane >> 3) & 1) * 8) *
-                                      T::kRowStride +
-                                  (lane >> 4) * 16;
+      const unsigned char* krow =
+          ks + (16 * (mw + m) + (lane & 7) + ((lane >> 3) & 1) * 8) * T::kRowStride +
+          (lane >> 4) * 16;
       if constexpr (F == KvFormat::kFp8) {
 #pragma unroll
         for (int s2 = 0; s2 < KS / 2; ++s2) {
@@ -743,10 +844,9 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
   };
 
   // ---------------- pipeline ----------------
-  int issued = 0;
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (pj < j_end) issue(issued++ % kStages);
+    if (more()) issue();
     cp_async_commit();
   }
   load_query();  // after the first copies: its latency hides behind theirs
@@ -759,7 +859,7 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
     } else {
       __syncwarp();
     }
-    if (pj < j_end) issue(issued++ % kStages);
+    if (more()) issue();
     cp_async_commit();
     const int stage = it % kStages;
     const int4 d = desc[stage];
@@ -838,9 +938,9 @@ __device__ __forceinline__ void unrotate_store(float* x, int d, float rot_scale,
 // Combine the splits (log-sum-exp in the exp2 domain), un-rotate, write fp16.
 // grid (Hq, batch), D threads; launched as a programmatic dependent of the split kernel.
 template <int D>
-__global__ void __launch_bounds__(D) combine_kernel(const float* o_part, const float* lse,
-                                                    int num_q_heads, int num_splits,
-                                                    float rot_scale, __half* out) {
+__global__ void __launch_bounds__(D)
+    combine_kernel(const float* o_part, const float* lse, int num_q_heads, int num_splits,
+                   float rot_scale, __half* out) {
   __shared__ float x[D];
   grid_dep_wait();
   const long long row = static_cast<long long>(blockIdx.y) * num_q_heads + blockIdx.x;

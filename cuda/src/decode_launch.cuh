@@ -70,10 +70,10 @@ inline int decode_smem_bytes(KvFormat f, int head_dim, int warps, long long reco
   }
 }
 
-template <int D, int G, KvFormat F, int KB, int VB, int W>
+template <int D, int G, KvFormat F, int KB, int VB, int W, bool kSpread = false>
 void launch_decode_warps(const DecodeArgs& a, const LaunchShape& s, cudaStream_t stream) {
   const int smem = 128 + DecodeTraits<D, G, F, KB, VB, W>::kStages * a.stage_bytes;
-  auto kernel = paged_decode_kernel<D, G, F, KB, VB, W>;
+  auto kernel = paged_decode_kernel<D, G, F, KB, VB, W, kSpread>;
   static DeviceSmemLimit smem_set;  // per instantiation and device
   smem_set.raise(kernel, smem);
   if (s.ctas_per_sm != nullptr) {  // registers and shared memory both count
@@ -89,9 +89,13 @@ template <KvFormat F, int KB, int VB>
 void launch_decode(const DecodeArgs& a, const LaunchShape& s, cudaStream_t stream) {
   DISPATCH_HEAD_DIM(s.head_dim, kD, {
     DISPATCH_GROUP_DECODE(s.group, kG, {
-      if constexpr (F == KvFormat::kKvarn && kG == 128) {  // both warp counts compiled
-        if (s.warps == 2) {
+      if constexpr (F == KvFormat::kKvarn && kG == 128) {  // both warp counts, both spreads
+        if (s.warps == 2 && a.sink_blocks > 0) {
+          launch_decode_warps<kD, kG, F, KB, VB, 2, true>(a, s, stream);
+        } else if (s.warps == 2) {
           launch_decode_warps<kD, kG, F, KB, VB, 2>(a, s, stream);
+        } else if (a.sink_blocks > 0) {
+          launch_decode_warps<kD, kG, F, KB, VB, 1, true>(a, s, stream);
         } else {
           launch_decode_warps<kD, kG, F, KB, VB, 1>(a, s, stream);
         }

@@ -31,6 +31,11 @@ struct DecodeCase {
   std::uint64_t seed = 1;
   double max_nmse = 1e-5;
   int warps = 0;  // KVarN G 128 warps per CTA; 0: automatic
+  // KVarN: the first pool_blocks blocks of a sequence are in the fp16 pool, the rest records
+  // (but the tail); the config's sink (-1: one group; the decode spreads those blocks' rows over
+  // the splits, and must also be right when they hold records)
+  int pool_blocks = 1, sink_tokens = -1;
+  int spread = -1;  // DecodeProblem::spread_sink
 };
 
 std::string fmt_name(DecodeFormat f) {
@@ -43,6 +48,10 @@ std::string case_name(const DecodeCase& c) {
   o << "_g" << c.g << "_d" << c.d << "_hq" << c.hq << "_hkv" << c.hkv << "_b" << c.batch << "_L"
     << c.max_len << "_s" << c.splits << (c.fp8_scales ? "_fp8sc" : "") << "_seed" << c.seed;
   if (c.warps > 0) o << "_w" << c.warps;
+  if (c.spread >= 0) o << "_spread" << c.spread;
+  if (c.pool_blocks != 1 || c.sink_tokens != -1)
+    o << "_pool" << c.pool_blocks << "_sink" << (c.sink_tokens < 0 ? "G" : "")
+      << (c.sink_tokens < 0 ? 1 : c.sink_tokens);
   return o.str();
 }
 
@@ -58,6 +67,7 @@ TEST_P(PagedDecode, MatchesCpuReference) {
   cfg.value_bits = c.vb;
   cfg.group = g;
   cfg.scales = c.fp8_scales ? ScaleStorage::kFp8E4M3 : ScaleStorage::kFp16;
+  cfg.sink_tokens = c.sink_tokens;
   const bool kv = c.fmt == DecodeFormat::kKvarn;
   const KvarnRecordLayout lay = kvarn_record_layout(d, cfg);
   const Rotation rot(kv ? RotationKind::kHadamard : RotationKind::kNone, d);
@@ -94,8 +104,9 @@ TEST_P(PagedDecode, MatchesCpuReference) {
       const int phys = perm[next_phys++];
       table[static_cast<std::size_t>(b) * max_blocks + j] = phys;
       const int n = std::min(g, L - j * g);
-      // sink = block 0, tail = partial last block, and sometimes a full unflushed last block
-      const bool pool = !kv || j == 0 || n < g || (j == nb - 1 && rng.next() % 3 == 0);
+      // sink = the first pool_blocks, tail = partial last block, and sometimes a full unflushed
+      // last block
+      const bool pool = !kv || j < c.pool_blocks || n < g || (j == nb - 1 && rng.next() % 3 == 0);
       int slot = phys;
       if (kv && pool) {
         slot = next_slot++;
@@ -170,6 +181,7 @@ TEST_P(PagedDecode, MatchesCpuReference) {
   cuda::DecodeProblem p = decode_problem(c.fmt, c.batch, hq, hkv, d, g, max_blocks, c.splits);
   p.kvarn = cfg;
   p.warps = c.warps;
+  p.spread_sink = c.spread;
   DeviceBuffer<std::uint8_t> ws(cuda::decode_workspace_bytes(p));
   cuda::DecodeBuffers bufs;
   bufs.q = dq.get();
@@ -219,6 +231,31 @@ std::vector<DecodeCase> decode_cases() {
   v.push_back({F::kKvarn, 4, 4, 128, 128, 64, 8, 2, 900, 0, true});  // qpk 8, fp8 scales
   v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 2, 7000});          // long: many automatic splits
   v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 1, 3000, 64});      // more splits than blocks/2
+  // The sink's row chunks over the splits: more splits than chunks, fewer, on both warp counts;
+  // two sink blocks; a config without a sink; sink blocks that hold records (empty chunks).
+  for (int w : {1, 2})
+    for (int s : {3, 6, 40})
+      for (int spread : {0, 1}) {
+        DecodeCase k{F::kKvarn, 4, 2, 128, 128, 32, 8, 3, 2500, s};
+        k.warps = w;
+        k.spread = spread;
+        v.push_back(k);
+      }
+  auto sink_case = [&](int splits, int pool_blocks, int sink_tokens, int warps) {
+    DecodeCase k{F::kKvarn, 4, 4, 128, 128, 32, 8, 4, 2000, splits};
+    k.pool_blocks = pool_blocks;
+    k.sink_tokens = sink_tokens;
+    k.warps = warps;
+    k.spread = 1;
+    v.push_back(k);
+  };
+  sink_case(5, 2, 256, 1);
+  sink_case(0, 2, 256, 2);
+  sink_case(4, 0, 0, 1);
+  sink_case(7, 0, -1, 1);  // records where the config has its sink
+  sink_case(16, 0, 256, 2);
+  // the automatic choice spreads from 32 sequences x KV heads and 8 splits
+  v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 4, 3000, 8});
   for (F f : {F::kFp16, F::kFp8}) {
     v.push_back({f, 8, 8, 32, 128, 32, 8, 3, 3000});  // page 32, long, auto splits
     v.push_back({f, 8, 8, 128, 64, 40, 8, 2, 1000});  // qpk 5, D 64

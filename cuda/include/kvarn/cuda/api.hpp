@@ -64,6 +64,10 @@ struct DecodeProblem {
   int warps = 0;      // warps per split CTA, 0: automatic; else a compiled one (decode_num_warps)
   KvarnConfig kvarn;  // KVarN only (bits, group, rotation, scales)
   TqDecodeConfig tq;  // TurboQuant only
+
+  // KVarN G 128: spread the fp16 sink's rows over the splits (1), keep them in one (0), -1: the
+  // automatic choice (decode.cu, spread_sink_blocks)
+  int spread_sink = -1;
 };
 
 struct DecodeBuffers {
