@@ -642,6 +642,19 @@ int main(int argc, char** argv) {
                         std::to_string(splits) + "/w" + std::to_string(warps),
                     [c](benchmark::State& s) { BM_Decode(s, c); });
               }
+  // ... KVarN at batch 32 and 128, where one wave of CTAs leaves the SMs unevenly loaded (1024
+  // one-warp CTAs on 132 x 8 slots) ...
+  if (grid != nullptr && std::string(grid) == "1")
+    for (const char* f : {"k4v2", "k4v4"})
+      for (int batch : {32, 128})
+        for (int ctx : {16384, 32768, 131072})
+          for (int splits : {1, 2, 3, 4, 6, 8, 12, 16}) {
+            if (batch == 32 ? splits < 4 : splits > 8) continue;  // 4-16 / 1-8
+            const DecodeCaseB c{f, 32, 8, batch, ctx, splits};
+            reg(std::string("grid/") + f + "/hq32/hkv8/b" + std::to_string(batch) + "/ctx" +
+                    std::to_string(ctx) + "/s" + std::to_string(splits),
+                [c](benchmark::State& s) { BM_Decode(s, c); });
+          }
   // ... and FP16 split counts at batch 8 from 16K (the only batch with a choice there: 4 splits).
   if (grid != nullptr && std::string(grid) == "1")
     for (int hq : {32, 64})
