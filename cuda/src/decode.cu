@@ -207,6 +207,13 @@ int decode_num_splits(const DecodeProblem& p) {
   const long long slots = per_sm * sm_count();
   const long long ctas = std::max(1LL, static_cast<long long>(p.batch) * p.num_kv_heads);
   long long s = std::max(1LL, slots / ctas);
+  // KVarN: where one split per sequence and KV head is more than one wave of CTAs (k4v4's
+  // two-warp CTAs at batch 128: 1,024 CTAs on 792 slots, 1.3 waves), four splits, so that the last
+  // partial wave is a small part of the step (H200, k4v4 batch 128 against one split: 16K 733 ->
+  // 626 us, 32K 1,363 -> 1,279 us, 128K 5,640 -> 5,322 us; two to eight splits were all 1.04-1.17x
+  // faster than one; k4v2's one-warp CTAs fit one wave at batch 128).
+  constexpr long long kKvarnSplitsPastAWave = 4;
+  if (p.format == DecodeFormat::kKvarn && ctas > slots) s = kKvarnSplitsPastAWave;
   // FP16 and KVarN beyond 16 splits (few sequences and heads: batch 1): the combine's serial loop
   // over the splits costs more than the extra parallelism gives, so at least 1024 (FP16) / 512
   // (KVarN) tokens per split there (H200, batch 1: 8-17 % faster at 16K-32K, unchanged elsewhere),

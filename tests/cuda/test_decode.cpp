@@ -355,5 +355,29 @@ TEST(KvarnDecodeSplits, OneRecordPerSplitUpToThirtyTwo) {
   EXPECT_EQ(splits(1, 1024), std::min(wave, 256));  // 128K
 }
 
+// Automatic KVarN split count where one split per sequence and KV head is more than one wave of
+// CTAs (k4v4's two-warp CTAs at batch 128): four splits. Needs no device.
+TEST(KvarnDecodeSplits, FourPastAWave) {
+  auto splits = [](int kb, int vb, int batch, int max_blocks) {
+    cuda::DecodeProblem p =
+        decode_problem(DecodeFormat::kKvarn, batch, 32, 8, 128, 128, max_blocks);
+    p.kvarn.key_bits = kb;
+    p.kvarn.value_bits = vb;
+    p.kvarn.group = 128;
+    p.warps = vb == 2 ? 1 : 2;  // the automatic choice from batch 8 (g128_warps)
+    return cuda::decode_num_splits(p);
+  };
+  for (auto [kb, vb] : {std::pair{4, 2}, std::pair{4, 4}}) {
+    const long long slots = 8LL * splits(kb, vb, 1, 8192);  // batch 1 x 1M tokens: one wave
+    for (int batch : {8, 32, 128, 256}) {
+      const long long ctas = 8LL * batch;
+      const int expected = ctas > slots ? 4 : static_cast<int>(std::max(1LL, slots / ctas));
+      EXPECT_EQ(splits(kb, vb, batch, 256), std::min(expected, 256))
+          << "k" << kb << "v" << vb << " batch " << batch;
+    }
+  }
+  EXPECT_EQ(splits(4, 4, 128, 3), 3);  // at most one split per block
+}
+
 }  // namespace
 }  // namespace kvarn
