@@ -21,16 +21,15 @@
 // tokens and each row item's rows in halves), KVarN G 128: 1 or 2, both compiled, chosen per
 // problem by the host (decode_num_warps). A warp serves the query-head group of
 // its KV head (padded to N = 8 heads: the mma N dimension) and logical blocks
-// [s * ceil(nb / S), (s + 1) * ceil(nb / S)) of its sequence; KVarN: row chunks
-// [s * ceil(nc / S), ...) of the nc chunks of its fp16 sink, then blocks
+// [s * ceil(nb / S), (s + 1) * ceil(nb / S)) of its sequence; the KVarN kSpread instance: row
+// chunks [s * ceil(nc / S), ...) of the nc chunks of its fp16 sink, then blocks
 // nsb + [s * ceil(nr / S), ...) of the nr blocks after it (detail::item_range).
 // Work items stream through kStages shared-memory stages (kStages - 1 ahead):
 //   record item: one whole KVarN record (G tokens), copied verbatim by one bulk copy
 //                (cp.async.bulk, issued by thread 0) that completes on the stage's mbarrier;
-//   row item:    (cp.async) kRowTok fp16 / e4m3 K rows then V rows of a pool block / page (rows
-//   padded to
-//                D * elem + 16 bytes; rows past the sequence are zero-filled); KVarN: 16 rows
-//                per warp, each warp takes its own 16.
+//   row item:    (cp.async) kRowTok fp16 / e4m3 K rows then V rows of a pool block / page
+//                (rows padded to D * elem + 16 bytes; rows past the sequence are zero-filled);
+//                KVarN: 16 rows per warp, each warp takes its own 16.
 // Per item, on mma.sync m16n8k16 (fp16 in, fp32 accumulate), lane = 4 g + c:
 //   QK^T:  A = K [tokens (M) x channels (k)], B = q'^T [channels x 8 heads], C = S^T.
 //   PV:    A = V^T [channels (M) x tokens (k)], B = P'^T (the C fragment of S^T turned into a
@@ -94,7 +93,7 @@ struct DecodeArgs {
   float qk_scale;   // softmax scale * log2(e)
   float rot_scale;  // 0: no rotation; else Hadamard 1/sqrt(D)
   int fp8_scales;
-  int sink_blocks;           // KVarN: blocks of the fp16 sink (KvarnConfig::sink() / G); else 0
+  int sink_blocks;           // KVarN kSpread: sink blocks to spread over the splits; else 0
   std::uint32_t code_magic;  // 0x64006400 (see codes_raw); a parameter so it stays in a register
   int s_col_k, zp_k, s_row_k, v_codes, s_col_v, s_row_v, zp_v;  // record byte offsets
   float* o_part;
