@@ -555,6 +555,7 @@ void BM_Decode(benchmark::State& st, const DecodeCaseB& c) {
   st.counters["fp16_kv_bytes"] = static_cast<double>(c.batch) * c.hkv * c.ctx * kHeadDim * 4.0;
   st.counters["splits"] = kvarn::cuda::decode_num_splits(s.p);
   st.counters["warps"] = kvarn::cuda::decode_num_warps(s.p);
+  st.counters["spread_sink"] = kvarn::cuda::decode_spread_sink_blocks(s.p);
   st.counters["closed_form_max_err"] = err;
   st.counters["flush_bytes"] = static_cast<double>(flush_bytes());
 }

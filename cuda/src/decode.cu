@@ -62,8 +62,9 @@ int g128_warps(const DecodeProblem& p) {
 
 // KVarN G 128: the sink blocks whose rows the split kernel spreads over the splits (its kSpread
 // instance), 0 for none. p.spread_sink when set; else where the cache has a sink, at least 32
-// sequences x KV heads, at least 8 splits and at most 32 records per split: batch 8 from 1K to
-// 64K at Hkv 8. There one split read the whole sink (8 row items on one warp) and finished last
+// sequences x KV heads, at least 8 splits and at most 32 records per split: at Hkv 8 batch 8 from
+// 1K to 64K (k4v2, 16 splits) or 32K (k4v4, 12). There one split read the whole sink (8 row
+// items on one warp) and finished last
 // (H200, k4v2 batch 8 x 16K: 43.5 against 35.2 us for the other splits). Batch 1 keeps it in one
 // split (a split holds 1-11 records there: spread 0.94-1.02x); batch 32-128 have 1-4 splits.
 int spread_sink_blocks(const DecodeProblem& p, int splits) {
@@ -207,13 +208,14 @@ int decode_num_splits(const DecodeProblem& p) {
   const long long slots = per_sm * sm_count();
   const long long ctas = std::max(1LL, static_cast<long long>(p.batch) * p.num_kv_heads);
   long long s = std::max(1LL, slots / ctas);
-  // KVarN: where one split per sequence and KV head is more than one wave of CTAs (k4v4's
+  // KVarN G 128: where one split per sequence and KV head is more than one wave of CTAs (k4v4's
   // two-warp CTAs at batch 128: 1,024 CTAs on 792 slots, 1.3 waves), four splits, so that the last
   // partial wave is a small part of the step (H200, k4v4 batch 128 against one split: 16K 733 ->
   // 626 us, 32K 1,363 -> 1,279 us, 128K 5,640 -> 5,322 us; two to eight splits were all 1.04-1.17x
   // faster than one; k4v2's one-warp CTAs fit one wave at batch 128).
   constexpr long long kKvarnSplitsPastAWave = 4;
-  if (p.format == DecodeFormat::kKvarn && ctas > slots) s = kKvarnSplitsPastAWave;
+  if (p.format == DecodeFormat::kKvarn && p.kvarn.group == 128 && ctas > slots)
+    s = kKvarnSplitsPastAWave;
   // FP16 and KVarN beyond 16 splits (few sequences and heads: batch 1): the combine's serial loop
   // over the splits costs more than the extra parallelism gives, so at least 1024 (FP16) / 512
   // (KVarN) tokens per split there (H200, batch 1: 8-17 % faster at 16K-32K, unchanged elsewhere),
@@ -279,6 +281,10 @@ int decode_num_warps(const DecodeProblem& p) {
   if (p.format == DecodeFormat::kTurboQuant) return tq_warps(p);
   const KvFormat f = kernel_format(p.format);
   return decode_warps(f, p.block_size, f == KvFormat::kKvarn ? g128_warps(p) : 1);
+}
+
+int decode_spread_sink_blocks(const DecodeProblem& p) {
+  return spread_sink_blocks(p, decode_num_splits(p));
 }
 
 std::size_t decode_workspace_bytes(const DecodeProblem& p) {
@@ -388,7 +394,7 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
                       ? static_cast<float>(1.0 / std::sqrt(double(p.head_dim)))
                       : 0.0f;
     a.fp8_scales = c.scales == ScaleStorage::kFp8E4M3 ? 1 : 0;
-    a.sink_blocks = spread_sink_blocks(p, splits);
+    a.sink_blocks = spread_sink_blocks(p, splits);  // decode_spread_sink_blocks
     a.s_col_k = static_cast<int>(lay.s_col_k);
     a.zp_k = static_cast<int>(lay.zp_k);
     a.s_row_k = static_cast<int>(lay.s_row_k);

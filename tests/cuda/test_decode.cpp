@@ -254,6 +254,8 @@ std::vector<DecodeCase> decode_cases() {
   sink_case(4, 0, 0, 1);
   sink_case(7, 0, -1, 1);  // records where the config has its sink
   sink_case(16, 0, 256, 2);
+  sink_case(6, 1, 256, 1);  // a sink of a pool block and a record
+  sink_case(3, 1, 256, 2);
   // the automatic choice spreads from 32 sequences x KV heads and 8 splits
   v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 4, 3000, 8});
   for (F f : {F::kFp16, F::kFp8}) {
@@ -353,6 +355,32 @@ TEST(KvarnDecodeSplits, OneRecordPerSplitUpToThirtyTwo) {
   EXPECT_EQ(splits(1, 128), 32);                    // 16K: 512 tokens per split
   EXPECT_EQ(splits(1, 256), 64);                    // 32K
   EXPECT_EQ(splits(1, 1024), std::min(wave, 256));  // 128K
+}
+
+// Automatic choice of the sink spread (k4v2, Hkv 8): from 32 sequences x KV heads, 8 splits and at
+// most 32 records per split; never without a sink or at G 64; the override wins. Needs no device.
+TEST(KvarnDecodeSpread, AutomaticChoice) {
+  auto spread = [](int batch, int max_blocks, int sink_tokens = -1, int group = 128,
+                   int force = -1) {
+    cuda::DecodeProblem p =
+        decode_problem(DecodeFormat::kKvarn, batch, 32, 8, 128, group, max_blocks);
+    p.kvarn.key_bits = 4;
+    p.kvarn.value_bits = 2;
+    p.kvarn.group = group;
+    p.kvarn.sink_tokens = sink_tokens;
+    p.spread_sink = force;
+    return cuda::decode_spread_sink_blocks(p);
+  };
+  EXPECT_EQ(spread(8, 128), 1);     // batch 8 x 16K
+  EXPECT_EQ(spread(8, 8), 1);       // batch 8 x 1K: one record per split
+  EXPECT_EQ(spread(8, 1024), 0);    // batch 8 x 128K: more than 32 records per split
+  EXPECT_EQ(spread(1, 128), 0);     // batch 1: 8 sequences x KV heads
+  EXPECT_EQ(spread(32, 128), 0);    // batch 32: fewer than 8 splits
+  EXPECT_EQ(spread(8, 128, 0), 0);  // no sink
+  EXPECT_EQ(spread(8, 128, 256), 2);
+  EXPECT_EQ(spread(8, 256, -1, 64), 0);
+  EXPECT_EQ(spread(32, 128, -1, 128, 1), 1);
+  EXPECT_EQ(spread(8, 128, -1, 128, 0), 0);
 }
 
 // Automatic KVarN split count where one split per sequence and KV head is more than one wave of

@@ -91,6 +91,9 @@ int decode_num_splits(const DecodeProblem& p);
 // its own split (kTqCompiledWarps; p.warps, else 8 for 3-/4-bit keys from 2^17 cached tokens
 // over sequences x KV heads when eight-warp CTAs reach at least half the SMs, 1 otherwise).
 int decode_num_warps(const DecodeProblem& p);
+// KVarN G 128: the fp16 sink blocks whose rows the split kernel spreads over the splits, 0 for
+// none (p.spread_sink, else the automatic choice; docs/PERFORMANCE.md).
+int decode_spread_sink_blocks(const DecodeProblem& p);
 std::size_t decode_workspace_bytes(const DecodeProblem& p);
 void paged_decode(const DecodeProblem& p, const DecodeBuffers& buf, cudaStream_t stream = nullptr);
 
