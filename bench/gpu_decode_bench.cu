@@ -626,8 +626,9 @@ int main(int argc, char** argv) {
         }
   // KVARN_BENCH_GRID=1: KVarN split count x warps per CTA at batch 1 and 8, the data behind
   // decode_num_splits / decode_num_warps for KVarN (not in the default sweep: ~400 cases).
-  const char* grid = std::getenv("KVARN_BENCH_GRID");
-  if (grid != nullptr && std::string(grid) == "1")
+  const char* grid_env = std::getenv("KVARN_BENCH_GRID");
+  const bool grid = grid_env != nullptr && std::string(grid_env) == "1";
+  if (grid)
     for (const char* f : {"k4v2", "k4v4"})
       for (int hq : {32, 64})
         for (int batch : {1, 8})
@@ -645,7 +646,7 @@ int main(int argc, char** argv) {
               }
   // ... KVarN at batch 32 and 128, where one wave of CTAs leaves the SMs unevenly loaded (1024
   // one-warp CTAs on 132 x 8 slots) ...
-  if (grid != nullptr && std::string(grid) == "1")
+  if (grid)
     for (const char* f : {"k4v2", "k4v4"})
       for (int batch : {32, 128})
         for (int ctx : {16384, 32768, 131072})
@@ -657,7 +658,7 @@ int main(int argc, char** argv) {
                 [c](benchmark::State& s) { BM_Decode(s, c); });
           }
   // ... and FP16 split counts at batch 8 from 16K (the only batch with a choice there: 4 splits).
-  if (grid != nullptr && std::string(grid) == "1")
+  if (grid)
     for (int hq : {32, 64})
       for (int ctx : {16384, 32768, 65536, 131072})
         for (int splits : {2, 3, 4, 5, 6, 8, 12, 16}) {

@@ -64,9 +64,9 @@ int g128_warps(const DecodeProblem& p) {
 // instance), 0 for none. p.spread_sink when set; else where the cache has a sink, at least 32
 // sequences x KV heads, at least 8 splits and at most 32 records per split: at Hkv 8 batch 8 from
 // 1K to 64K (k4v2, 16 splits) or 32K (k4v4, 12). There one split read the whole sink (8 row
-// items on one warp) and finished last
-// (H200, k4v2 batch 8 x 16K: 43.5 against 35.2 us for the other splits). Batch 1 keeps it in one
-// split (a split holds 1-11 records there: spread 0.94-1.02x); batch 32-128 have 1-4 splits.
+// items on one warp) and finished last (H200, k4v2 batch 8 x 16K: 43.5 against 35.2 us for the
+// other splits). Batch 1 keeps it in one split (a split holds 1-11 records there: spread
+// 0.94-1.02x); batch 32-128 have 1-4 splits.
 int spread_sink_blocks(const DecodeProblem& p, int splits) {
   const KvarnConfig& c = p.kvarn;
   if (p.format != DecodeFormat::kKvarn || c.group != 128 || c.sink() < c.group) return 0;

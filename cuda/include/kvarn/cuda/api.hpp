@@ -66,7 +66,7 @@ struct DecodeProblem {
   TqDecodeConfig tq;  // TurboQuant only
 
   // KVarN G 128: spread the fp16 sink's rows over the splits (1), keep them in one (0), -1: the
-  // automatic choice (decode.cu, spread_sink_blocks)
+  // automatic choice (decode_spread_sink_blocks)
   int spread_sink = -1;
 };
 
