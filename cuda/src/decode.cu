@@ -97,9 +97,10 @@ void launch_combine(const DecodeProblem& p, const float* o_part, const float* ls
     cfg.gridDim = dim3(p.num_q_heads, p.batch);
     // Many splits (batch 1 at long context): one wide CTA per row streams the partial outputs
     // with many loads in flight (H200 FP16 B1 x 128K: 154 -> 147 us); few splits (batch >= 8):
-    // D threads, one split after the other, cheaper there (B128 x 2K: 305 against 312 us).
+    // D threads, each loading its channel of every split at once, cheaper there (B128 x 2K: 305
+    // against 312 us).
     // (the wide one holds the split weights in shared memory: at most kCombineMaxSplits)
-    constexpr int kWideFromSplits = 17;
+    constexpr int kWideFromSplits = kCombineChunk + 1;
     const bool wide = splits >= kWideFromSplits && splits <= kCombineMaxSplits;
     cfg.blockDim = dim3(wide ? kCombineThreads : kD);
     cfg.stream = stream;

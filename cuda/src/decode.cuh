@@ -913,29 +913,42 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
 }
 
 namespace detail {
-// Inverse rotation (scaled FWHT; rot_scale 0: none) of the combined row x[D] in shared memory,
-// then its fp16 store. Every thread of the CTA calls it (it holds barriers); thread d < D owns
-// channel d.
+// Inverse rotation (scaled FWHT; rot_scale 0: none) of the combined row, then its fp16 store.
+// Every thread of the CTA calls it (it holds barriers); thread d < D owns channel d, value v.
+// Butterflies within a warp by shuffles, across warps through x[D] in shared memory (two
+// barriers per stage of 32 or more channels instead of one barrier per stage); the same
+// additions, in the same order, as the FWHT through shared memory.
 template <int D>
-__device__ __forceinline__ void unrotate_store(float* x, int d, float rot_scale, __half* out) {
+__device__ __forceinline__ void unrotate_store(float v, int d, float rot_scale, float* x,
+                                               __half* out) {
+  static_assert(D % 32 == 0, "warps own whole runs of channels");
   if (rot_scale != 0.0f) {
-    for (int hs = 1; hs < D; hs <<= 1) {
-      if (d < D / 2) {
-        const int j = (d / hs) * 2 * hs + d % hs;
-        const float u = x[j], w = x[j + hs];
-        x[j] = u + w;
-        x[j + hs] = u - w;
+#pragma unroll
+    for (int hs = 1; hs < 32; hs <<= 1) {
+      const float p = __shfl_xor_sync(0xffffffffu, v, hs);
+      v = (d & hs) ? p - v : v + p;
+    }
+#pragma unroll
+    for (int hs = 32; hs < D; hs <<= 1) {
+      if (d < D) x[d] = v;
+      __syncthreads();
+      if (d < D) {
+        const float p = x[d ^ hs];
+        v = (d & hs) ? p - v : v + p;
       }
       __syncthreads();
     }
-    if (d < D) x[d] *= rot_scale;
+    v *= rot_scale;
   }
-  if (d < D) out[d] = __float2half_rn(x[d]);
+  if (d < D) out[d] = __float2half_rn(v);
 }
 }  // namespace detail
 
 // Combine the splits (log-sum-exp in the exp2 domain), un-rotate, write fp16.
 // grid (Hq, batch), D threads; launched as a programmatic dependent of the split kernel.
+// The first kCombineChunk splits' lse and partial outputs are loaded at once (one round trip to
+// L2 instead of one per few splits); the host takes combine_wide_kernel past that many splits.
+constexpr int kCombineChunk = 16;
 template <int D>
 __global__ void __launch_bounds__(D)
     combine_kernel(const float* o_part, const float* lse, int num_q_heads, int num_splits,
@@ -944,19 +957,35 @@ __global__ void __launch_bounds__(D)
   grid_dep_wait();
   const long long row = static_cast<long long>(blockIdx.y) * num_q_heads + blockIdx.x;
   const int d = threadIdx.x;
+  const float* l = lse + row * num_splits;
+  const float* op = o_part + row * num_splits * D + d;
+  float lv[kCombineChunk], ov[kCombineChunk];
+#pragma unroll
+  for (int i = 0; i < kCombineChunk; ++i) {
+    lv[i] = i < num_splits ? l[i] : -INFINITY;
+    ov[i] = i < num_splits ? op[static_cast<long long>(i) * D] : 0.0f;
+  }
   float mx = -INFINITY;
-  for (int s = 0; s < num_splits; ++s) mx = fmaxf(mx, lse[row * num_splits + s]);
+#pragma unroll
+  for (int i = 0; i < kCombineChunk; ++i) mx = fmaxf(mx, lv[i]);
+  for (int s = kCombineChunk; s < num_splits; ++s) mx = fmaxf(mx, l[s]);
   float num = 0.0f, den = 0.0f;
   if (mx != -INFINITY) {
-    for (int s = 0; s < num_splits; ++s) {
-      const float w = exp2f(lse[row * num_splits + s] - mx);
-      num += w * o_part[(row * num_splits + s) * D + d];
+#pragma unroll
+    for (int i = 0; i < kCombineChunk; ++i) {
+      if (i < num_splits) {
+        const float w = exp2f(lv[i] - mx);
+        num += w * ov[i];
+        den += w;
+      }
+    }
+    for (int s = kCombineChunk; s < num_splits; ++s) {
+      const float w = exp2f(l[s] - mx);
+      num += w * op[static_cast<long long>(s) * D];
       den += w;
     }
   }
-  x[d] = den > 0.0f ? num / den : 0.0f;
-  __syncthreads();
-  detail::unrotate_store<D>(x, d, rot_scale, out + row * D);
+  detail::unrotate_store<D>(den > 0.0f ? num / den : 0.0f, d, rot_scale, x, out + row * D);
 }
 
 // The combine over many splits (batch 1 at long context, up to 1024 per row), one CTA of
@@ -1020,17 +1049,17 @@ __global__ void __launch_bounds__(kCombineThreads)
   part[sl][q] = acc;
   __syncthreads();
   const int d = t;
+  float v = 0.0f;
   if (d < D) {
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < kLanes; ++j) {
-      const float4 v = part[j][d / 4];
-      sum += (d % 4 == 0) ? v.x : (d % 4 == 1) ? v.y : (d % 4 == 2) ? v.z : v.w;
+      const float4 p = part[j][d / 4];
+      sum += (d % 4 == 0) ? p.x : (d % 4 == 1) ? p.y : (d % 4 == 2) ? p.z : p.w;
     }
-    x[d] = den > 0.0f ? sum / den : 0.0f;
+    v = den > 0.0f ? sum / den : 0.0f;
   }
-  __syncthreads();
-  detail::unrotate_store<D>(x, d, rot_scale, out + row * D);
+  detail::unrotate_store<D>(v, d, rot_scale, x, out + row * D);
 }
 
 }  // namespace kvarn::cuda

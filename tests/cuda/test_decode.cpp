@@ -267,6 +267,8 @@ std::vector<DecodeCase> decode_cases() {
     v.push_back({f, 8, 8, 64, 64, 12, 4, 5, 400});
     v.push_back({f, 8, 8, 128, 128, 8, 8, 1, 1});
   }
+  // more splits than the wide combine holds (2048): the plain combine's loop past its first 16
+  v.push_back({F::kFp16, 8, 8, 32, 64, 16, 8, 3, 70000, 2100});
   return v;
 }
 
