@@ -217,18 +217,22 @@ int decode_num_splits(const DecodeProblem& p) {
   constexpr long long kKvarnSplitsPastAWave = 4;
   if (p.format == DecodeFormat::kKvarn && p.kvarn.group == 128 && ctas > slots)
     s = kKvarnSplitsPastAWave;
-  // FP16 and KVarN beyond 16 splits (few sequences and heads: batch 1): the combine's serial loop
-  // over the splits costs more than the extra parallelism gives, so at least 1024 (FP16) / 512
-  // (KVarN) tokens per split there (H200, batch 1: 8-17 % faster at 16K-32K, unchanged elsewhere),
-  // except that KVarN keeps one record per split up to 32 splits (batch 1 x 4K k4v2: 32 splits
-  // 12.2 us, 16 splits 13.2 us). FP8 lost at short context with such a floor and keeps one wave
-  // of CTAs.
+  // FP16 and KVarN beyond 16 splits (few sequences and heads: batch 1): more splits than that
+  // cost more in the combine than the extra parallelism gives, so at least 1024 (FP16) / 256
+  // (KVarN) tokens per split there (H200, batch 1: 8-17 % faster at 16K-32K, unchanged
+  // elsewhere), except that KVarN keeps one record per split up to 32 splits (batch 1 x 4K k4v2:
+  // 32 splits 12.2 us, 16 splits 13.2 us) and takes at most 64 splits below 128K tokens (batch 1,
+  // two-warp CTAs, against 32 at 16K and one wave of 99 at 64K: 16K 1.07-1.09x, 64K 1.00-1.05x
+  // faster; 32K already had 64, 128K keeps the wave, 96-99 splits there beat 64 by 1.05x). FP8
+  // lost at short context with such a floor and keeps one wave of CTAs.
   constexpr long long kManySplits = 16, kKvarnManySplits = 32;
+  constexpr long long kKvarnMaxSplitsBelow128K = 64;
   if (s > kManySplits && (p.format == DecodeFormat::kFp16 || p.format == DecodeFormat::kKvarn)) {
     const bool kvarn = p.format == DecodeFormat::kKvarn;
-    const long long min_tokens = kvarn ? 512 : 1024;
+    const long long min_tokens = kvarn ? 256 : 1024;
     const long long tokens = static_cast<long long>(p.max_blocks) * p.block_size;
     s = std::min(s, std::max(kvarn ? kKvarnManySplits : kManySplits, tokens / min_tokens));
+    if (kvarn && tokens < (1LL << 17)) s = std::min(s, kKvarnMaxSplitsBelow128K);
   }
   // TurboQuant past 64 splits (batch 1): at least 256 tokens per split, as the combine's loop
   // over the splits outweighs the parallelism there (H200, batch 1: 4K 1.24-1.27x, 16K

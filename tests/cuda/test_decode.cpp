@@ -345,8 +345,8 @@ TEST(Fp16DecodeSplits, TwoCtasPerSm) {
 }
 
 // Automatic KVarN split count (k4v2, D 128, G 128, Hkv 8) at batch 1: one record per split up to
-// 32 splits, then at least 512 tokens per split, at most one wave of resident CTAs. Needs no
-// device (132 SMs and a shared-memory bound without one).
+// 32 splits, then at least 256 tokens per split, at most 64 splits below 128K tokens, at most one
+// wave of resident CTAs. Needs no device (132 SMs and a shared-memory bound without one).
 TEST(KvarnDecodeSplits, OneRecordPerSplitUpToThirtyTwo) {
   auto splits = [](int batch, int max_blocks) {
     return cuda::decode_num_splits(kvarn_problem(4, 2, batch, max_blocks));
@@ -356,9 +356,11 @@ TEST(KvarnDecodeSplits, OneRecordPerSplitUpToThirtyTwo) {
   EXPECT_EQ(splits(1, 8), 8);                       // 1K: one record per split
   EXPECT_EQ(splits(1, 16), 16);                     // 2K
   EXPECT_EQ(splits(1, 32), 32);                     // 4K (16 with the 512-token floor alone)
-  EXPECT_EQ(splits(1, 128), 32);                    // 16K: 512 tokens per split
-  EXPECT_EQ(splits(1, 256), 64);                    // 32K
-  EXPECT_EQ(splits(1, 1024), std::min(wave, 256));  // 128K
+  EXPECT_EQ(splits(1, 64), 32);                     // 8K
+  EXPECT_EQ(splits(1, 128), 64);                    // 16K: 256 tokens per split
+  EXPECT_EQ(splits(1, 256), 64);                    // 32K: at most 64 below 128K
+  EXPECT_EQ(splits(1, 512), 64);                    // 64K
+  EXPECT_EQ(splits(1, 1024), std::min(wave, 512));  // 128K: up to one wave
 }
 
 // Automatic choice of the sink spread (k4v2, Hkv 8): from 32 sequences x KV heads, 8 splits and at
