@@ -97,9 +97,10 @@ void launch_combine(const DecodeProblem& p, const float* o_part, const float* ls
     cfg.gridDim = dim3(p.num_q_heads, p.batch);
     // Many splits (batch 1 at long context): one wide CTA per row streams the partial outputs
     // with many loads in flight (H200 FP16 B1 x 128K: 154 -> 147 us); few splits (batch >= 8):
-    // D threads, each loading its channel of every split at once, cheaper there (B128 x 2K: 305
-    // against 312 us).
-    // (the wide one holds the split weights in shared memory: at most kCombineMaxSplits)
+    // D threads, each loading its channel of up to kCombineChunk splits at once, cheaper there
+    // (B128 x 2K: 305 against 312 us, measured when those threads still went one split after the
+    // other). The wide one holds the split weights in shared memory: past kCombineMaxSplits the
+    // plain one's loop takes the rest.
     constexpr int kWideFromSplits = kCombineChunk + 1;
     const bool wide = splits >= kWideFromSplits && splits <= kCombineMaxSplits;
     cfg.blockDim = dim3(wide ? kCombineThreads : kD);
@@ -176,7 +177,8 @@ int resident_ctas(const DecodeProblem& p) {
 // device: shared memory bound, 228 KiB per SM, 1 KiB reserved per CTA), split so that
 // batch * Hkv * S fills that one wave (FP16: two CTAs per SM), with at least two blocks per split
 // (each split writes D floats per head to the workspace; KVarN: one record, whose work outweighs
-// that) and, for FP16 and KVarN past 16 splits, a minimum of tokens per split.
+// that) and, for FP16 and KVarN past 16 splits, a minimum of tokens per split (KVarN G 128 below
+// 128K tokens: also at most 64 splits).
 int decode_num_splits(const DecodeProblem& p) {
   if (p.num_splits > 0) return p.num_splits;
   const bool tq = p.format == DecodeFormat::kTurboQuant;
@@ -218,21 +220,23 @@ int decode_num_splits(const DecodeProblem& p) {
   if (p.format == DecodeFormat::kKvarn && p.kvarn.group == 128 && ctas > slots)
     s = kKvarnSplitsPastAWave;
   // FP16 and KVarN beyond 16 splits (few sequences and heads: batch 1): more splits than that
-  // cost more in the combine than the extra parallelism gives, so at least 1024 (FP16) / 256
+  // cost more in the combine than the extra parallelism gives, so at least 1024 (FP16) / 512
   // (KVarN) tokens per split there (H200, batch 1: 8-17 % faster at 16K-32K, unchanged
   // elsewhere), except that KVarN keeps one record per split up to 32 splits (batch 1 x 4K k4v2:
-  // 32 splits 12.2 us, 16 splits 13.2 us) and takes at most 64 splits below 128K tokens (batch 1,
-  // two-warp CTAs, against 32 at 16K and one wave of 99 at 64K: 16K 1.07-1.09x, 64K 1.00-1.05x
-  // faster; 32K already had 64, 128K keeps the wave, 96-99 splits there beat 64 by 1.05x). FP8
-  // lost at short context with such a floor and keeps one wave of CTAs.
+  // 32 splits 12.2 us, 16 splits 13.2 us), and KVarN G 128 below 128K tokens takes at least 256
+  // tokens and at most 64 splits (batch 1, Hkv 8, two-warp CTAs, against 32 at 16K and one wave
+  // of 99 at 64K: 16K 1.05-1.08x, 64K 1.02-1.06x faster; 32K already had 64; at 128K one wave
+  // beats 64 by 1.01-1.06x). FP8 lost at short context with such a floor and keeps one wave of
+  // CTAs.
   constexpr long long kManySplits = 16, kKvarnManySplits = 32;
-  constexpr long long kKvarnMaxSplitsBelow128K = 64;
+  constexpr long long kKvarnG128MaxSplitsBelow128K = 64;
   if (s > kManySplits && (p.format == DecodeFormat::kFp16 || p.format == DecodeFormat::kKvarn)) {
     const bool kvarn = p.format == DecodeFormat::kKvarn;
-    const long long min_tokens = kvarn ? 256 : 1024;
     const long long tokens = static_cast<long long>(p.max_blocks) * p.block_size;
+    const bool g128_below_128k = kvarn && p.kvarn.group == 128 && tokens < (1LL << 17);
+    const long long min_tokens = !kvarn ? 1024 : g128_below_128k ? 256 : 512;
     s = std::min(s, std::max(kvarn ? kKvarnManySplits : kManySplits, tokens / min_tokens));
-    if (kvarn && tokens < (1LL << 17)) s = std::min(s, kKvarnMaxSplitsBelow128K);
+    if (g128_below_128k) s = std::min(s, kKvarnG128MaxSplitsBelow128K);
   }
   // TurboQuant past 64 splits (batch 1): at least 256 tokens per split, as the combine's loop
   // over the splits outweighs the parallelism there (H200, batch 1: 4K 1.24-1.27x, 16K

@@ -947,7 +947,8 @@ __device__ __forceinline__ void unrotate_store(float v, int d, float rot_scale, 
 // Combine the splits (log-sum-exp in the exp2 domain), un-rotate, write fp16.
 // grid (Hq, batch), D threads; launched as a programmatic dependent of the split kernel.
 // The first kCombineChunk splits' lse and partial outputs are loaded at once (one round trip to
-// L2 instead of one per few splits); the host takes combine_wide_kernel past that many splits.
+// L2 instead of one per few splits); the host takes combine_wide_kernel from 17 to
+// kCombineMaxSplits splits, and past that this kernel's loop does the rest.
 constexpr int kCombineChunk = 16;
 template <int D>
 __global__ void __launch_bounds__(D)
@@ -988,8 +989,8 @@ __global__ void __launch_bounds__(D)
   detail::unrotate_store<D>(den > 0.0f ? num / den : 0.0f, d, rot_scale, x, out + row * D);
 }
 
-// The combine over many splits (batch 1 at long context, up to 1024 per row), one CTA of
-// kCombineThreads per row: the split weights go to shared memory once, then thread t sums the
+// The combine over many splits (batch 1 at long context, up to kCombineMaxSplits per row), one CTA
+// of kCombineThreads per row: the split weights go to shared memory once, then thread t sums the
 // float4 column t % (D / 4) of every (kCombineThreads / (D / 4))-th split (loads independent of
 // each other, 16 bytes wide), and the column sums meet in shared memory. Same result as
 // combine_kernel up to the order of the float additions.

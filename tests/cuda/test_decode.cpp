@@ -267,8 +267,11 @@ std::vector<DecodeCase> decode_cases() {
     v.push_back({f, 8, 8, 64, 64, 12, 4, 5, 400});
     v.push_back({f, 8, 8, 128, 128, 8, 8, 1, 1});
   }
-  // more splits than the wide combine holds (2048): the plain combine's loop past its first 16
+  // more splits than the wide combine holds (2048): the plain combine's loop past its first 16,
+  // without and with the output rotation; the wide combine with the rotation at D 64
   v.push_back({F::kFp16, 8, 8, 32, 64, 16, 8, 3, 70000, 2100});
+  v.push_back({F::kKvarn, 4, 2, 32, 64, 16, 8, 1, 70000, 2100});
+  v.push_back({F::kKvarn, 4, 2, 32, 64, 16, 8, 2, 2000, 40});
   return v;
 }
 
@@ -344,9 +347,10 @@ TEST(Fp16DecodeSplits, TwoCtasPerSm) {
   }
 }
 
-// Automatic KVarN split count (k4v2, D 128, G 128, Hkv 8) at batch 1: one record per split up to
-// 32 splits, then at least 256 tokens per split, at most 64 splits below 128K tokens, at most one
-// wave of resident CTAs. Needs no device (132 SMs and a shared-memory bound without one).
+// Automatic KVarN split count (k4v2, D 128, Hkv 8) at batch 1: one record per split up to 32
+// splits, then (G 128 below 128K tokens) at least 256 tokens and at most 64 splits, else at least
+// 512 tokens per split; at most one wave of resident CTAs. Needs no device (132 SMs and a
+// shared-memory bound without one).
 TEST(KvarnDecodeSplits, OneRecordPerSplitUpToThirtyTwo) {
   auto splits = [](int batch, int max_blocks) {
     return cuda::decode_num_splits(kvarn_problem(4, 2, batch, max_blocks));
@@ -355,12 +359,18 @@ TEST(KvarnDecodeSplits, OneRecordPerSplitUpToThirtyTwo) {
   ASSERT_GE(wave, 64);
   EXPECT_EQ(splits(1, 8), 8);                       // 1K: one record per split
   EXPECT_EQ(splits(1, 16), 16);                     // 2K
-  EXPECT_EQ(splits(1, 32), 32);                     // 4K (16 with the 512-token floor alone)
+  EXPECT_EQ(splits(1, 32), 32);                     // 4K (16 with the 256-token floor alone)
   EXPECT_EQ(splits(1, 64), 32);                     // 8K
   EXPECT_EQ(splits(1, 128), 64);                    // 16K: 256 tokens per split
   EXPECT_EQ(splits(1, 256), 64);                    // 32K: at most 64 below 128K
   EXPECT_EQ(splits(1, 512), 64);                    // 64K
-  EXPECT_EQ(splits(1, 1024), std::min(wave, 512));  // 128K: up to one wave
+  EXPECT_EQ(splits(1, 1024), std::min(wave, 256));  // 128K: 512 tokens per split, one wave
+  // Hkv 2 (a wave of four times the splits) from 128K and G 64 below it keep 512 tokens per split
+  cuda::DecodeProblem hkv2 = kvarn_problem(4, 2, 1, 1024);
+  hkv2.num_kv_heads = 2;
+  hkv2.num_q_heads = 8;
+  EXPECT_EQ(cuda::decode_num_splits(hkv2), 256);
+  EXPECT_EQ(cuda::decode_num_splits(kvarn_problem(4, 2, 1, 256, 64)), 32);  // G 64 x 16K
 }
 
 // Automatic choice of the sink spread (k4v2, Hkv 8): from 32 sequences x KV heads, 8 splits and at
