@@ -366,10 +366,14 @@ TEST(KvarnDecodeSplits, OneRecordPerSplitUpToThirtyTwo) {
   EXPECT_EQ(splits(1, 512), 64);                    // 64K
   EXPECT_EQ(splits(1, 1024), std::min(wave, 256));  // 128K: 512 tokens per split, one wave
   // Hkv 2 (a wave of four times the splits) from 128K and G 64 below it keep 512 tokens per split
-  cuda::DecodeProblem hkv2 = kvarn_problem(4, 2, 1, 1024);
-  hkv2.num_kv_heads = 2;
-  hkv2.num_q_heads = 8;
-  EXPECT_EQ(cuda::decode_num_splits(hkv2), 256);
+  auto hkv2_splits = [](int max_blocks) {
+    cuda::DecodeProblem p = kvarn_problem(4, 2, 1, max_blocks);
+    p.num_kv_heads = 2;
+    p.num_q_heads = 8;
+    return cuda::decode_num_splits(p);
+  };
+  // 128K: 256 splits, where one wave (1M tokens) holds that many (396 on 132 SMs)
+  EXPECT_EQ(hkv2_splits(1024), std::min(hkv2_splits(8192), 256));
   EXPECT_EQ(cuda::decode_num_splits(kvarn_problem(4, 2, 1, 256, 64)), 32);  // G 64 x 16K
 }
 
