@@ -36,10 +36,11 @@
 //          B fragment by movmatrix.trans), C = O^T [channels x 8 heads].
 //   KVarN records: scales are factored out of the products so the mma runs on raw codes,
 //     S[t,h] = s_row_k[t] * (kmax * sum_d q''[h,d] code_k[d,t] + sum_d q[h,d] zp_k[d]),
-//       q'' = q * s_col_k / kmax in fp16 (kmax = max |s_col_k| of the record), and
+//       q'' = q * s_col_k / kmax in fp16 (kmax: the power of two of max |s_col_k| of the record,
+//       so that q'' is the fp16 query times exact fp16 products, rounded once), and
 //       sum_d q zp_k by one mma per k-step of the fp16 query against zp_k broadcast to all rows;
 //     O[h,d] += s_col_v[d] * (vmax * sum_t p''[h,t] code_v[t,d] + sum_t p[h,t] zp_v[t]),
-//       p'' = p * s_row_v / vmax in fp16.
+//       p'' = p * s_row_v / vmax in fp16 (vmax: the power of two of max |s_row_v|).
 //     Codes become fp16 1024 + c 2^(f bits) with the 0x6400 magic exponent and one lop3
 //     (codes_raw, no hfma2): K fragments pair two channel rows (prmt of the two rows' bytes), V
 //     fragments pair two token rows. The 1024 offset and the zero-point sums are one term per
@@ -171,27 +172,6 @@ __device__ __forceinline__ void load_scales(const unsigned char* p, int fp8, flo
     }
   }
 }
-// Absolute maximum of an array by a tree (depth log2 N instead of a chain of N dependent max).
-template <int N>
-__device__ __forceinline__ float abs_max(const float (&v)[N]) {
-  float t[N];
-#pragma unroll
-  for (int i = 0; i < N; ++i) t[i] = fabsf(v[i]);
-#pragma unroll
-  for (int h = 1; h < N; h <<= 1)
-#pragma unroll
-    for (int i = 0; i + h < N; i += 2 * h) t[i] = fmaxf(t[i], t[i + h]);
-  return t[0];
-}
-template <int N>
-__device__ __forceinline__ float abs_max(const float (&v)[N][4]) {
-  float t[N];
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-    t[i] = fmaxf(fmaxf(fabsf(v[i][0]), fabsf(v[i][1])), fmaxf(fabsf(v[i][2]), fabsf(v[i][3])));
-  return abs_max<N>(t);
-}
-
 // prmt selector (an immediate): byte k of a -> byte 0, byte k of b -> byte 2.
 __host__ __device__ constexpr std::uint32_t pair_sel(int k) {
   return static_cast<std::uint32_t>(k | (k << 4) | ((4 + k) << 8) | ((4 + k) << 12));
@@ -276,20 +256,67 @@ __device__ __forceinline__ int q_channel(int s, int c, int e) {
   return 16 * s + 2 * c + (e & 1) + 8 * (e >> 1);
 }
 
-// The column scales of a KVarN record at the lane's q' channels (q_channel), fp16 or e4m3.
+// The column scales of a KVarN record at the lane's q' channels (q_channel) as the half2 pairs of
+// the B fragment (qb's order), fp16 or e4m3 (both exact in fp16).
 template <int KS, KvFormat F, bool kFp8>
-__device__ __forceinline__ void load_col_scales(const unsigned char* p, int c, float (&sk)[KS][4]) {
+__device__ __forceinline__ void load_col_scales(const unsigned char* p, int c,
+                                                std::uint32_t (&sk)[KS][2]) {
 #pragma unroll
   for (int s = 0; s < KS; ++s)
 #pragma unroll
-    for (int e = 0; e < 4; e += 2) {
-      const int i = q_channel<F>(s, c, e);  // even
-      const float2 v =
-          kFp8 ? unpack_half2(e4m3x2_to_half2(*reinterpret_cast<const unsigned short*>(p + i)))
-               : unpack_half2(*reinterpret_cast<const std::uint32_t*>(p + 2 * i));
-      sk[s][e] = v.x;
-      sk[s][e + 1] = v.y;
+    for (int e = 0; e < 2; ++e) {
+      const int i = q_channel<F>(s, c, 2 * e);  // even
+      sk[s][e] = kFp8 ? e4m3x2_to_half2(*reinterpret_cast<const unsigned short*>(p + i))
+                      : *reinterpret_cast<const std::uint32_t*>(p + 2 * i);
     }
+}
+
+// Scales (fp16 or e4m3) of 2 N consecutive entries starting at p as N half2 (exact).
+template <int N>
+__device__ __forceinline__ void load_scales_h2(const unsigned char* p, int fp8,
+                                               std::uint32_t (&out)[N]) {
+  if (fp8) {
+    std::uint32_t w[(2 * N + 3) / 4];
+    lds_bytes<2 * N>(p, w);
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = e4m3x2_to_half2(w[i / 2] >> (16 * (i % 2)));
+  } else {
+    lds_bytes<4 * N>(p, out);
+  }
+}
+
+// The largest |x| over N half2 (finite), as a float: a tree (depth log2 N instead of a chain of N
+// dependent max).
+template <int N>
+__device__ __forceinline__ float abs_max_h2(const std::uint32_t* x) {
+  __half2 t[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) t[i] = __habs2(*reinterpret_cast<const __half2*>(&x[i]));
+#pragma unroll
+  for (int h = 1; h < N; h <<= 1)
+#pragma unroll
+    for (int i = 0; i + h < N; i += 2 * h) t[i] = __hmax2(t[i], t[i + h]);
+  return fmaxf(__low2float(t[0]), __high2float(t[0]));
+}
+
+// A record's scale normalization: the power of two 2^e <= xmax < 2^(e + 1), clamped to
+// [2^-14, 2^15] so that its reciprocal is exact in fp16 too; 1 when xmax is 0. Multiplying fp16
+// scales by the reciprocal is exact (up to results below the fp16 normal range), so the fp16
+// operands q'' and p'' are rounded once, by their one product.
+__device__ __forceinline__ float pow2_scale(float xmax) {
+  if (!(xmax > 0.0f)) return 1.0f;
+  const float p = __int_as_float(__float_as_int(xmax) & 0x7f800000);
+  return fminf(fmaxf(p, 0x1p-14f), 0x1p15f);
+}
+// 1 / x for x a power of two within pow2_scale's range (exact), and the same as half2.
+__device__ __forceinline__ float pow2_inv(float x) {
+  return __int_as_float(0x7f000000 - __float_as_int(x));
+}
+__device__ __forceinline__ std::uint32_t half2_bits(__half2 h) {
+  return *reinterpret_cast<const std::uint32_t*>(&h);
+}
+__device__ __forceinline__ __half2 as_half2(std::uint32_t x) {
+  return *reinterpret_cast<const __half2*>(&x);
 }
 
 // The items of one split. KVarN's fp16 sink (its first `sink_blocks` blocks, in the pool) goes
@@ -388,9 +415,9 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
   }
 
   // ---- query fragment: head g, channels q_channel(s, c, e); rotate; scale ----
-  float qf[KS][4];
-  std::uint32_t qb[KS][2];  // fp16 B fragments of the (scaled) query for row items
+  std::uint32_t qb[KS][2];  // fp16 B fragments of the (scaled) query
   auto load_query = [&]() {
+    float qf[KS][4];
     const bool live = g < a.qpk;
     const __half* qrow = a.q + (static_cast<long long>(b) * a.num_q_heads + h * a.qpk + g) * D;
 #pragma unroll
@@ -555,9 +582,10 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
       const std::uint32_t magic = a.code_magic;
       const int tb = warp * T::kTok;        // this warp's first record token
       const int sb = a.fp8_scales ? 1 : 2;  // bytes per row scale
-      // q'' = q * s_col_k / kscale (fp16 B fragments), kscale = kmax (1 when every column scale
-      // is 0, so the zero-point term below survives); qz = sum_d q zp_k for head g
-      float sk[KS][4];
+      // q'' = q * s_col_k / kscale (fp16 B fragments: two exact half2 products by 1 / kscale and
+      // one rounded product by the fp16 query), kscale = pow2_scale(max |s_col_k|) (1 when every
+      // column scale is 0, so the zero-point term below survives); qz = sum_d q zp_k for head g
+      std::uint32_t sk[KS][2];
       if (a.fp8_scales) {  // one branch for the block (per-pair selects issued both paths)
         detail::load_col_scales<KS, F, true>(rec + a.s_col_k, c, sk);
       } else {
@@ -576,16 +604,18 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
         const std::uint32_t za[4] = {z0, z0, z2, z2};
         mma_16816(qzc, za, qb[s]);
       }
-      float kmax = detail::abs_max<KS>(sk);
+      float kmax = detail::abs_max_h2<2 * KS>(&sk[0][0]);
       kmax = fmaxf(kmax, __shfl_xor_sync(0xffffffffu, kmax, 1));
       kmax = fmaxf(kmax, __shfl_xor_sync(0xffffffffu, kmax, 2));
-      const float kscale = kmax > 0.0f ? kmax : 1.0f, kinv = fast_rcp(kscale);
+      const float kscale = detail::pow2_scale(kmax), kinv = detail::pow2_inv(kscale);
+      const __half2 kinv2 = __float2half2_rn(kinv);
       std::uint32_t kb[KS][2];
 #pragma unroll
-      for (int s = 0; s < KS; ++s) {
-        kb[s][0] = pack_half2(qf[s][0] * (sk[s][0] * kinv), qf[s][1] * (sk[s][1] * kinv));
-        kb[s][1] = pack_half2(qf[s][2] * (sk[s][2] * kinv), qf[s][3] * (sk[s][3] * kinv));
-      }
+      for (int s = 0; s < KS; ++s)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          kb[s][e] = detail::half2_bits(
+              __hmul2(detail::as_half2(qb[s][e]), __hmul2(detail::as_half2(sk[s][e]), kinv2)));
       constexpr std::uint32_t kOnes = 0x3C003C00u;
       const std::uint32_t ones_a[4] = {kOnes, kOnes, kOnes, kOnes};
       float qsum[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum_d q'' of heads 2c, 2c + 1 (fp16 operands)
@@ -666,23 +696,28 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
           for (int r = 0; r < 4; ++r) o[mt][r] *= alpha[r & 1];
       }
 
-      // P'' = p * s_row_v / vscale (whole record; vscale = vmax, or 1 when every row scale is
-      // 0); PV in chains of kPvMT k-steps (64 tokens)
-      float sv[T::kTokThr], zv[T::kTokThr];
-      detail::load_scales<T::kTokThr>(rec + a.s_row_v + (tb + g * T::kTokThr) * sb, a.fp8_scales,
-                                      sv);
+      // P'' = p * s_row_v / vscale (whole record; vscale = pow2_scale(max |s_row_v|), so the
+      // scales' products by 1 / vscale are exact and P'' is fp16(p) times them, rounded once);
+      // PV in chains of kPvMT k-steps (64 tokens)
+      std::uint32_t sv[T::kTokThr / 2];  // s_row_v of tokens 2i, 2i + 1 (half2)
+      float zv[T::kTokThr];
+      detail::load_scales_h2<T::kTokThr / 2>(rec + a.s_row_v + (tb + g * T::kTokThr) * sb,
+                                             a.fp8_scales, sv);
       detail::load_scales<T::kTokThr>(rec + a.zp_v + (tb + g * T::kTokThr) * 2, 0, zv);
-      float vmax = detail::abs_max<T::kTokThr>(sv);
+      float vmax = detail::abs_max_h2<T::kTokThr / 2>(sv);
 #pragma unroll
       for (int o2 = 4; o2 < 32; o2 <<= 1)
         vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o2));
-      const float vscale = vmax > 0.0f ? vmax : 1.0f, vinv = fast_rcp(vscale);
+      const float vscale = detail::pow2_scale(vmax), vinv = detail::pow2_inv(vscale);
+      const __half2 vinv2 = __float2half2_rn(vinv);
       std::uint32_t pb[T::kMT][2];
 #pragma unroll
       for (int m = 0; m < T::kMT; ++m) {
-        const float s0 = sv[2 * m] * vinv, s1 = sv[2 * m + 1] * vinv;
-        pb[m][0] = movmatrix_trans(pack_half2(sc[m][0] * s0, sc[m][1] * s0));
-        pb[m][1] = movmatrix_trans(pack_half2(sc[m][2] * s1, sc[m][3] * s1));
+        const __half2 s01 = __hmul2(detail::as_half2(sv[m]), vinv2);  // exact
+        pb[m][0] = movmatrix_trans(
+            detail::half2_bits(__hmul2(__floats2half2_rn(sc[m][0], sc[m][1]), __low2half2(s01))));
+        pb[m][1] = movmatrix_trans(
+            detail::half2_bits(__hmul2(__floats2half2_rn(sc[m][2], sc[m][3]), __high2half2(s01))));
       }
       // The codes enter the mma as 1024 + c 2^(f VB) (field f = channel % kPackV): each chain
       // starts at (sum_t p zp_v) 2^(f VB) / vscale - 1024 sum_t p'' and ends at (vscale sum_t p''

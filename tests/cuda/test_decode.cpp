@@ -36,6 +36,9 @@ struct DecodeCase {
   // the splits, and must also be right when they hold records)
   int pool_blocks = 1, sink_tokens = -1;
   int spread = -1;  // DecodeProblem::spread_sink
+  // K and V amplitude: far from 1 the records' scale maxima leave the range of the decode's
+  // power-of-two normalization (its clamp at 2^-14) or are 0 (fp8 scales)
+  float amp = 1.0f;
 };
 
 std::string fmt_name(DecodeFormat f) {
@@ -52,6 +55,10 @@ std::string case_name(const DecodeCase& c) {
   if (c.pool_blocks != 1 || c.sink_tokens != -1)
     o << "_pool" << c.pool_blocks << "_sink" << (c.sink_tokens < 0 ? "G" : "")
       << (c.sink_tokens < 0 ? 1 : c.sink_tokens);
+  if (c.amp != 1.0f) {  // "_amp2em16": 2^-16
+    const long e = std::lround(std::log2(c.amp));
+    o << "_amp2e" << (e < 0 ? "m" : "") << std::labs(e);
+  }
   return o.str();
 }
 
@@ -119,9 +126,9 @@ TEST_P(PagedDecode, MatchesCpuReference) {
         for (int t = 0; t < n; ++t)
           for (int x = 0; x < d; ++x) {
             kr[static_cast<std::size_t>(t) * d + x] =
-                round_to_half(static_cast<float>(rng.normal()) * chan[x] + 0.5f);
+                round_to_half((static_cast<float>(rng.normal()) * chan[x] + 0.5f) * c.amp);
             vr[static_cast<std::size_t>(t) * d + x] =
-                round_to_half(static_cast<float>(rng.normal()));
+                round_to_half(static_cast<float>(rng.normal()) * c.amp);
           }
         std::vector<float> kseen(page), vseen(page);
         if (kv && !pool) {
@@ -231,6 +238,19 @@ std::vector<DecodeCase> decode_cases() {
   v.push_back({F::kKvarn, 4, 4, 128, 128, 64, 8, 2, 900, 0, true});  // qpk 8, fp8 scales
   v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 2, 7000});          // long: many automatic splits
   v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 1, 3000, 64});      // more splits than blocks/2
+  // tiny and large K / V (core's encoder at 2^-16: s_col_k and s_row_v below 2^-14, where the
+  // normalization's clamp holds; fp8 scales at 2^-12 are all 0)
+  for (const float amp : {0x1p-16f, 0x1p8f})
+    for (const int w : {1, 2}) {
+      DecodeCase k{F::kKvarn, 4, 2, 128, 128, 32, 8, 2, 2000, 0, false, 5, 1e-5, w};
+      k.amp = amp;
+      v.push_back(k);
+    }
+  for (const int vb : {2, 4}) {
+    DecodeCase k{F::kKvarn, 4, vb, 128, 128, 32, 8, 2, 2000, 0, true, 6};
+    k.amp = 0x1p-12f;
+    v.push_back(k);
+  }
   // The sink's row chunks over the splits: more splits than chunks, fewer, on both warp counts;
   // two sink blocks; a config without a sink; sink blocks that hold records (empty chunks).
   for (int w : {1, 2})
