@@ -156,6 +156,7 @@ int resident_ctas(const DecodeProblem& p) {
   if (p.format == DecodeFormat::kTurboQuant || device_count() == 0) return 0;
   int n = 0;
   DecodeArgs a{};
+  a.qpk = p.num_q_heads / std::max(p.num_kv_heads, 1);  // KVarN G 128: the paired instance or not
   const KvFormat f = kernel_format(p.format);
   const int w = decode_num_warps(p);
   a.stage_bytes = f == KvFormat::kKvarn
@@ -188,15 +189,16 @@ int decode_num_splits(const DecodeProblem& p) {
                                                   record_bytes_of(p));
   // Per device and kernel instantiation (and record layout); asked once per key: this runs on
   // every decode step.
-  static thread_local std::map<std::array<int, 8>, int> cache;
-  const std::array<int, 8> key = {current_device(),
+  static thread_local std::map<std::array<int, 9>, int> cache;
+  const std::array<int, 9> key = {current_device(),
                                   static_cast<int>(p.format),
                                   p.head_dim,
                                   p.block_size,
                                   p.kvarn.key_bits,
                                   p.kvarn.value_bits,
                                   static_cast<int>(p.kvarn.scales),
-                                  warps};
+                                  warps,
+                                  p.num_q_heads / std::max(p.num_kv_heads, 1)};
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, resident_ctas(p)).first;
   const int resident = it->second;

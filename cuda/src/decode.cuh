@@ -20,7 +20,8 @@
 // KVarN G 64: the two warps share the stages, one barrier per item, and split each record's
 // tokens and each row item's rows in halves), KVarN G 128: 1 or 2, both compiled, chosen per
 // problem by the host (decode_num_warps). A warp serves the query-head group of
-// its KV head (padded to N = 8 heads: the mma N dimension) and logical blocks
+// its KV head (padded to N = 8 heads: the mma N dimension; KVarN G 128 with at most 4 heads: the
+// heads of two M-tiles of a record, the kPair instances) and logical blocks
 // [s * ceil(nb / S), (s + 1) * ceil(nb / S)) of its sequence; the KVarN kSpread instance: row
 // chunks [s * ceil(nc / S), ...) of the nc chunks of its fp16 sink, then blocks
 // nsb + [s * ceil(nr / S), ...) of the nr blocks after it (detail::item_range).
@@ -177,9 +178,10 @@ __host__ __device__ constexpr std::uint32_t pair_sel(int k) {
   return static_cast<std::uint32_t>(k | (k << 4) | ((4 + k) << 8) | ((4 + k) << 12));
 }
 
-// Online softmax over one item's scores sc[m][*] (heads 2c: [0], [2]; 2c + 1: [1], [3]).
+// Online softmax over one item's scores sc[m][*] (heads 2c: [0], [2]; 2c + 1: [1], [3]; kPairCols:
+// columns 2c and 2c + 1 are heads 2 (c & 1) and 2 (c & 1) + 1, so lanes c and c ^ 2 share them).
 // Replaces scores by p = exp2(s - m_new); returns the rescale factors of O.
-template <int MT>
+template <int MT, bool kPairCols = false>
 __device__ __forceinline__ void online_softmax(float (&sc)[MT][4], float (&m)[2], float (&l)[2],
                                                float (&alpha)[2]) {
   float mx[2] = {-INFINITY, -INFINITY};
@@ -191,7 +193,8 @@ __device__ __forceinline__ void online_softmax(float (&sc)[MT][4], float (&m)[2]
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
 #pragma unroll
-    for (int o = 4; o < 32; o <<= 1) mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], o));
+    for (int o = kPairCols ? 2 : 4; o < 32; o <<= 1)
+      mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], o));
     const float mn = fmaxf(m[k], mx[k]);
     const float base = mn == -INFINITY ? 0.0f : mn;
     alpha[k] = fast_exp2(m[k] - base);
@@ -362,11 +365,19 @@ __device__ __forceinline__ void chain_start(const float* zsum, float inv, const 
 
 // kSpread (KVarN): the fp16 sink's row chunks go to the splits (detail::item_range); a separate
 // instance, as its bookkeeping cost the other shapes 1-4 % (H200).
-template <int D, int G, KvFormat F, int KB, int VB, int W, bool kSpread = false>
+// kPair (KVarN, at most 4 query heads per KV head): the mma's 8 columns carry the 4 heads of two
+// M-tiles of a record, m (columns 0-3) and m + kMT / 2 (columns 4-7), instead of 4 heads and 4
+// padding columns: the scores of a record fill half the fragments, so scaling, softmax and p''
+// run once per two tiles (the same mma count; their B fragments are the query with the other
+// half's columns zeroed). Columns h and h + 4 are head h: lanes c and c ^ 2 share its softmax
+// state, and the two halves of O are added once at the end.
+template <int D, int G, KvFormat F, int KB, int VB, int W, bool kSpread = false, bool kPair = false>
 __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMinCtas)
     paged_decode_kernel(DecodeArgs a) {
   using T = DecodeTraits<D, G, F, KB, VB, W>;
   static_assert(!kSpread || F == KvFormat::kKvarn, "only KVarN has a sink");
+  static_assert(!kPair || (F == KvFormat::kKvarn && T::kMT % 2 == 0 && T::kMT % T::kPackK == 0),
+                "paired tiles: the second half's tokens start at a whole pack field");
   static_assert(W == decode_warps(F, G, W), "warps per CTA of this format and group");
   constexpr int KS = T::kKSteps;
   constexpr int kStages = T::kStages;
@@ -414,12 +425,15 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
     }
   }
 
-  // ---- query fragment: head g, channels q_channel(s, c, e); rotate; scale ----
+  // ---- query fragment: head g (kPair: g & 3), channels q_channel(s, c, e); rotate; scale ----
   std::uint32_t qb[KS][2];  // fp16 B fragments of the (scaled) query
+  // kPair: lanes g < 4 hold the B columns 0-3 (a record's first M-tiles, the row items)
+  const std::uint32_t lo_cols = kPair && g >= 4 ? 0u : 0xffffffffu;
   auto load_query = [&]() {
     float qf[KS][4];
-    const bool live = g < a.qpk;
-    const __half* qrow = a.q + (static_cast<long long>(b) * a.num_q_heads + h * a.qpk + g) * D;
+    const int qh = kPair ? (g & 3) : g;
+    const bool live = qh < a.qpk;
+    const __half* qrow = a.q + (static_cast<long long>(b) * a.num_q_heads + h * a.qpk + qh) * D;
 #pragma unroll
     for (int s = 0; s < KS; ++s)
 #pragma unroll
@@ -609,7 +623,9 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
       kmax = fmaxf(kmax, __shfl_xor_sync(0xffffffffu, kmax, 2));
       const float kscale = detail::pow2_scale(kmax), kinv = detail::pow2_inv(kscale);
       const __half2 kinv2 = __float2half2_rn(kinv);
-      std::uint32_t kb[KS][2];
+      // kPair: kb holds the columns 0-3 (the first half of the M-tiles), kbh the columns 4-7
+      constexpr int kSM = kPair ? T::kMT / 2 : T::kMT;  // score fragments (M-tiles per column half)
+      std::uint32_t kb[KS][2], kbh[kPair ? KS : 1][2];
 #pragma unroll
       for (int s = 0; s < KS; ++s)
 #pragma unroll
@@ -621,6 +637,15 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
       float qsum[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum_d q'' of heads 2c, 2c + 1 (fp16 operands)
 #pragma unroll
       for (int s = 0; s < KS; ++s) mma_16816(qsum, ones_a, kb[s]);
+      if constexpr (kPair) {
+#pragma unroll
+        for (int s = 0; s < KS; ++s)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            kbh[s][e] = kb[s][e] & ~lo_cols;
+            kb[s][e] &= lo_cols;
+          }
+      }
       // The codes enter the mma as 1024 + c 2^(f KB) (field f = token % kPackK): the k-chain plus
       // kin = qz 2^(f KB) / kscale - 1024 sum_d q'' is (kscale sum_d q'' code + qz) 2^(f KB) /
       // kscale, and one multiply by s_row_k kscale 2^(-f KB) gives the score. Two warps start
@@ -631,8 +656,9 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
       float kin[T::kPackK][2];
       detail::chain_start<T::kPackK, KB>(qzc, kinv, qsum, kin);
 
-      // S^T = K codes x q'': lane reads channel rows 16 s + 2c + {0, 1, 8, 9}
-      float sc[T::kMT][4];
+      // S^T = K codes x q'': lane reads channel rows 16 s + 2c + {0, 1, 8, 9}; M-tile m goes to
+      // fragment m % kSM (kPair: tiles kSM.. against the columns 4-7)
+      float sc[kSM][4];
       const unsigned char* kc = rec + tb / T::kPackK + g * T::kKThr;
 #pragma unroll
       for (int s = 0; s < KS; ++s) {
@@ -654,26 +680,29 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
             af[e] = codes_raw_at<KB, T::kPackK>(x0, i, magic);
             af[2 + e] = codes_raw_at<KB, T::kPackK>(x1, i, magic);
           }
-          if (s == 0) {  // rows 2m, 2m + 1 of the lane's tokens: fields (2m) % P, (2m + 1) % P
+          const std::uint32_t(&bq)[2] = kPair && m >= kSM ? kbh[kPair ? s : 0] : kb[s];
+          if (s == 0 && m < kSM) {  // rows 2m, 2m + 1 of the lane's tokens: fields (2m) % P, ..
             const int f0 = (2 * m) % T::kPackK, f1 = (2 * m + 1) % T::kPackK;
             const float init[4] = {kInitQk ? kin[f0][0] : 0.0f, kInitQk ? kin[f0][1] : 0.0f,
                                    kInitQk ? kin[f1][0] : 0.0f, kInitQk ? kin[f1][1] : 0.0f};
-            mma_16816_c(sc[m], af, kb[0], init);
+            mma_16816_c(sc[m], af, bq, init);
           } else {
-            mma_16816(sc[m], af, kb[s]);
+            mma_16816(sc[m % kSM], af, bq);
           }
         }
       }
-      // scores: token g * G / 8 + 2 m + e
-      float sr[T::kTokThr];
-      detail::load_scales<T::kTokThr>(rec + a.s_row_k + (tb + g * T::kTokThr) * sb, a.fp8_scales,
-                                      sr);
+      // scores: fragment m, row g + 8 e <-> token tok0 + 2 m + e (kPair: the lanes c >= 2 hold
+      // the second half's tokens, kMT further; fields agree since kMT % kPackK == 0)
+      constexpr int kLT = 2 * kSM;  // record tokens whose scores a lane holds
+      const int tok_lane = g * T::kTokThr + (kPair && c >= 2 ? T::kMT : 0);
+      float sr[kLT];
+      detail::load_scales<kLT>(rec + a.s_row_k + (tb + tok_lane) * sb, a.fp8_scales, sr);
 #pragma unroll
-      for (int t = 0; t < T::kTokThr; ++t)
+      for (int t = 0; t < kLT; ++t)
         sr[t] *= kscale * (1.0f / static_cast<float>(1 << ((t % T::kPackK) * KB)));
-      const int tok0 = tb + g * T::kTokThr;
+      const int tok0 = tb + tok_lane;
 #pragma unroll
-      for (int m = 0; m < T::kMT; ++m)
+      for (int m = 0; m < kSM; ++m)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int t = 2 * m + (r >> 1);
@@ -681,13 +710,13 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
         }
       if (n_valid < G) {  // only a sequence's last record is partial: no mask on full ones
 #pragma unroll
-        for (int m = 0; m < T::kMT; ++m)
+        for (int m = 0; m < kSM; ++m)
 #pragma unroll
           for (int r = 0; r < 4; ++r)
             if (tok0 + 2 * m + (r >> 1) >= n_valid) sc[m][r] = -INFINITY;
       }
       float alpha[2];
-      detail::online_softmax<T::kMT>(sc, m_run, l_run, alpha);
+      detail::online_softmax<kSM, kPair>(sc, m_run, l_run, alpha);
       // alpha is exactly 1 unless a running max grew: skip the rescale when no lane's did
       if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
@@ -698,21 +727,22 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
 
       // P'' = p * s_row_v / vscale (whole record; vscale = pow2_scale(max |s_row_v|), so the
       // scales' products by 1 / vscale are exact and P'' is fp16(p) times them, rounded once);
-      // PV in chains of kPvMT k-steps (64 tokens)
-      std::uint32_t sv[T::kTokThr / 2];  // s_row_v of tokens 2i, 2i + 1 (half2)
-      float zv[T::kTokThr];
-      detail::load_scales_h2<T::kTokThr / 2>(rec + a.s_row_v + (tb + g * T::kTokThr) * sb,
-                                             a.fp8_scales, sv);
-      detail::load_scales<T::kTokThr>(rec + a.zp_v + (tb + g * T::kTokThr) * 2, 0, zv);
-      float vmax = detail::abs_max_h2<T::kTokThr / 2>(sv);
+      // PV in chains of kPvMT fragments (64 tokens per column)
+      std::uint32_t sv[kLT / 2];  // s_row_v of the lane's tokens 2i, 2i + 1 (half2)
+      float zv[kLT];
+      detail::load_scales_h2<kLT / 2>(rec + a.s_row_v + (tb + tok_lane) * sb, a.fp8_scales, sv);
+      detail::load_scales<kLT>(rec + a.zp_v + (tb + tok_lane) * 2, 0, zv);
+      float vmax = detail::abs_max_h2<kLT / 2>(sv);
 #pragma unroll
-      for (int o2 = 4; o2 < 32; o2 <<= 1)
+      for (int o2 = kPair ? 2 : 4; o2 < 32; o2 <<= 1)
         vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o2));
       const float vscale = detail::pow2_scale(vmax), vinv = detail::pow2_inv(vscale);
       const __half2 vinv2 = __float2half2_rn(vinv);
-      std::uint32_t pb[T::kMT][2];
+      // pb: the B fragments of the P'' tile (kPair: column halves of two M-tiles; pbh the columns
+      // 4-7 alone, pb then the columns 0-3 alone)
+      std::uint32_t pb[kSM][2], pbh[kPair ? kSM : 1][2];
 #pragma unroll
-      for (int m = 0; m < T::kMT; ++m) {
+      for (int m = 0; m < kSM; ++m) {
         const __half2 s01 = __hmul2(detail::as_half2(sv[m]), vinv2);  // exact
         pb[m][0] = movmatrix_trans(
             detail::half2_bits(__hmul2(__floats2half2_rn(sc[m][0], sc[m][1]), __low2half2(s01))));
@@ -722,10 +752,10 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
       // The codes enter the mma as 1024 + c 2^(f VB) (field f = channel % kPackV): each chain
       // starts at (sum_t p zp_v) 2^(f VB) / vscale - 1024 sum_t p'' and ends at (vscale sum_t p''
       // code + sum_t p zp_v) 2^(f VB) / vscale; one fma by s_col_v vscale 2^(-f VB) adds it to O.
-      // A chain covers at most 64 tokens: the accumulator passes through about 1024 sum_t p''
-      // (one 128-token chain, bias removed at the end, gave NMSE 3.5e-4 instead of 4.8e-5 on
-      // 40K-token uniform attention).
-      constexpr int kPvMT = T::kMT < 4 ? T::kMT : 4;
+      // A chain covers at most 64 tokens per column: the accumulator passes through about 1024
+      // sum_t p'' (one 128-token chain, bias removed at the end, gave NMSE 3.5e-4 instead of
+      // 4.8e-5 on 40K-token uniform attention).
+      constexpr int kPvMT = kSM < 4 ? kSM : 4;
       // s_col_v vscale 2^(-f VB) of the lane's channels g D/8 + ch, loaded once per record (one
       // warp: registers to spare) or per chain (two warps: capped at 168 registers)
       float scv[D / 8];
@@ -737,8 +767,8 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
       };
       if constexpr (T::kWarps == 1) load_scv();
 #pragma unroll
-      for (int m0 = 0; m0 < T::kMT; m0 += kPvMT) {
-        float pz[2] = {0.0f, 0.0f};  // sum_t p zp_v over the chain's tokens
+      for (int m0 = 0; m0 < kSM; m0 += kPvMT) {
+        float pz[2] = {0.0f, 0.0f};  // sum_t p zp_v over the chain's tokens (per column)
 #pragma unroll
         for (int m = m0; m < m0 + kPvMT; ++m) {
           pz[0] += sc[m][0] * zv[2 * m] + sc[m][2] * zv[2 * m + 1];
@@ -749,17 +779,29 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
           pz[0] += __shfl_xor_sync(0xffffffffu, pz[0], o2);
           pz[1] += __shfl_xor_sync(0xffffffffu, pz[1], o2);
         }
-        float psum[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum_t p'' of heads 2c, 2c + 1
+        float psum[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum_t p'' of columns 2c, 2c + 1
 #pragma unroll
         for (int m = m0; m < m0 + kPvMT; ++m) mma_16816(psum, ones_a, pb[m]);
         float vin[T::kPackV][2];
         detail::chain_start<T::kPackV, VB>(pz, vinv, psum, vin);
+        if constexpr (kPair) {
+#pragma unroll
+          for (int m = m0; m < m0 + kPvMT; ++m)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              pbh[m][e] = pb[m][e] & ~lo_cols;
+              pb[m][e] &= lo_cols;
+            }
+        }
 
-        // O^T tile = V codes^T x P'': k-step m pairs token rows t0 = 2c G/8 + 2m and t0 + G/8
+        // O^T tile = V codes^T x P'': M-tile m (k-step) pairs token rows t0 = 2c G/8 + 2m and
+        // t0 + G/8; kPair: M-tiles m against pb[m], m + kSM against pbh[m]
         float co[KS][4];
         const unsigned char* vc = rec + a.v_codes + tb * T::kVRow + g * T::kVThr;
 #pragma unroll
-        for (int m = m0; m < m0 + kPvMT; ++m) {
+        for (int mm = m0; mm < m0 + kPvMT * (kPair ? 2 : 1); ++mm) {
+          const int m = mm < m0 + kPvMT ? mm : mm - kPvMT + kSM;  // the record's M-tile
+          const std::uint32_t(&bp)[2] = kPair && m >= kSM ? pbh[kPair ? m - kSM : 0] : pb[m];
           const int t0 = 2 * c * T::kTokThr + 2 * m, t1 = t0 + T::kTokThr;
           std::uint32_t u0[(T::kVThr + 3) / 4], u1[(T::kVThr + 3) / 4], u2[(T::kVThr + 3) / 4],
               u3[(T::kVThr + 3) / 4];
@@ -778,12 +820,12 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
               af[e] = codes_raw_at<VB, T::kPackV>(x0, i, magic);
               af[2 + e] = codes_raw_at<VB, T::kPackV>(x1, i, magic);
             }
-            if (m == m0) {  // channels 2mt, 2mt + 1 of the lane: fields (2mt) % P, (2mt + 1) % P
+            if (mm == m0) {  // channels 2mt, 2mt + 1 of the lane: fields (2mt) % P, (2mt + 1) % P
               const int f0 = (2 * mt) % T::kPackV, f1 = (2 * mt + 1) % T::kPackV;
               const float init[4] = {vin[f0][0], vin[f0][1], vin[f1][0], vin[f1][1]};
-              mma_16816_c(co[mt], af, pb[m], init);
+              mma_16816_c(co[mt], af, bp, init);
             } else {
-              mma_16816(co[mt], af, pb[m]);
+              mma_16816(co[mt], af, bp);
             }
           }
         }
@@ -828,15 +870,17 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
           std::uint32_t af[4];
           ldmatrix_x4(af, krow + s * 32);
           // ldmatrix order: (rows 0-7, k 0-7) (rows 8-15, k 0-7) (rows 0-7, k 8-15) (8-15, 8-15)
-          mma_16816(sc[m], af, qb[s]);
+          // kPair: the columns 0-3 only (4-7 would be the same heads again)
+          const std::uint32_t bq[2] = {qb[s][0] & lo_cols, qb[s][1] & lo_cols};
+          mma_16816(sc[m], af, bq);
         }
       }
 #pragma unroll
       for (int r = 0; r < 4; ++r)
-        if (16 * (mw + m) + g + 8 * (r >> 1) >= n) sc[m][r] = -INFINITY;
+        if (16 * (mw + m) + g + 8 * (r >> 1) >= n || (kPair && c >= 2)) sc[m][r] = -INFINITY;
     }
     float alpha[2];
-    detail::online_softmax<kMTw>(sc, m_run, l_run, alpha);
+    detail::online_softmax<kMTw, kPair>(sc, m_run, l_run, alpha);
 #pragma unroll
     for (int mt = 0; mt < KS; ++mt)
 #pragma unroll
@@ -913,7 +957,8 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
 #pragma unroll
   for (int k = 0; k < 2; ++k)
 #pragma unroll
-    for (int o2 = 4; o2 < 32; o2 <<= 1) l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], o2);
+    for (int o2 = kPair ? 2 : 4; o2 < 32; o2 <<= 1)
+      l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], o2);
   // Two warps: one workspace split per CTA (half the partial outputs for the combine to read).
   if constexpr (T::kWarps == 2) {
     __syncthreads();  // every warp is done with the stages, which now carry the hand-over
@@ -922,6 +967,12 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
       grid_dep_launch();
       return;
     }
+  }
+  if constexpr (kPair) {  // columns h and h + 4 are head h: lanes c < 2 write the sum
+#pragma unroll
+    for (int mt = 0; mt < KS; ++mt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) o[mt][r] += __shfl_xor_sync(0xffffffffu, o[mt][r], 2);
   }
   const float vscale = F == KvFormat::kFp8 ? a.v_scale[h] : 1.0f;
 #pragma unroll

@@ -70,10 +70,10 @@ inline int decode_smem_bytes(KvFormat f, int head_dim, int warps, long long reco
   }
 }
 
-template <int D, int G, KvFormat F, int KB, int VB, int W, bool kSpread = false>
+template <int D, int G, KvFormat F, int KB, int VB, int W, bool kSpread = false, bool kPair = false>
 void launch_decode_warps(const DecodeArgs& a, const LaunchShape& s, cudaStream_t stream) {
   const int smem = 128 + DecodeTraits<D, G, F, KB, VB, W>::kStages * a.stage_bytes;
-  auto kernel = paged_decode_kernel<D, G, F, KB, VB, W, kSpread>;
+  auto kernel = paged_decode_kernel<D, G, F, KB, VB, W, kSpread, kPair>;
   static DeviceSmemLimit smem_set;  // per instantiation and device
   smem_set.raise(kernel, smem);
   if (s.ctas_per_sm != nullptr) {  // registers and shared memory both count
@@ -85,19 +85,32 @@ void launch_decode_warps(const DecodeArgs& a, const LaunchShape& s, cudaStream_t
   KVARN_CUDA_CHECK_LAUNCH("paged_decode_kernel");
 }
 
+// KVarN G 128: query heads per KV head up to which the kernel pairs two M-tiles in the mma's
+// columns (kPair of paged_decode_kernel).
+constexpr int kPairHeads = kDecodeHeads / 2;
+template <int D, KvFormat F, int KB, int VB, bool kPair>
+void launch_decode_g128(const DecodeArgs& a, const LaunchShape& s, cudaStream_t stream) {
+  if (s.warps == 2 && a.sink_blocks > 0) {
+    launch_decode_warps<D, 128, F, KB, VB, 2, true, kPair>(a, s, stream);
+  } else if (s.warps == 2) {
+    launch_decode_warps<D, 128, F, KB, VB, 2, false, kPair>(a, s, stream);
+  } else if (a.sink_blocks > 0) {
+    launch_decode_warps<D, 128, F, KB, VB, 1, true, kPair>(a, s, stream);
+  } else {
+    launch_decode_warps<D, 128, F, KB, VB, 1, false, kPair>(a, s, stream);
+  }
+}
+
 template <KvFormat F, int KB, int VB>
 void launch_decode(const DecodeArgs& a, const LaunchShape& s, cudaStream_t stream) {
   DISPATCH_HEAD_DIM(s.head_dim, kD, {
     DISPATCH_GROUP_DECODE(s.group, kG, {
-      if constexpr (F == KvFormat::kKvarn && kG == 128) {  // both warp counts, both spreads
-        if (s.warps == 2 && a.sink_blocks > 0) {
-          launch_decode_warps<kD, kG, F, KB, VB, 2, true>(a, s, stream);
-        } else if (s.warps == 2) {
-          launch_decode_warps<kD, kG, F, KB, VB, 2>(a, s, stream);
-        } else if (a.sink_blocks > 0) {
-          launch_decode_warps<kD, kG, F, KB, VB, 1, true>(a, s, stream);
+      if constexpr (F == KvFormat::kKvarn && kG == 128) {
+        // both warp counts, both spreads, query heads per KV head paired (<= 4) or not
+        if (a.qpk <= kPairHeads) {
+          launch_decode_g128<kD, F, KB, VB, true>(a, s, stream);
         } else {
-          launch_decode_warps<kD, kG, F, KB, VB, 1>(a, s, stream);
+          launch_decode_g128<kD, F, KB, VB, false>(a, s, stream);
         }
       } else {
         launch_decode_warps<kD, kG, F, KB, VB, decode_warps(F, kG, 1)>(a, s, stream);

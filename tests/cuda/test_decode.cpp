@@ -223,6 +223,12 @@ std::vector<DecodeCase> decode_cases() {
   v.push_back({F::kKvarn, 4, 2, 128, 128, 16, 2, 1, 1, 0, false, 1, 1e-5, 2});
   v.push_back({F::kKvarn, 4, 2, 64, 128, 64, 8, 5, 500});
   v.push_back({F::kKvarn, 4, 2, 128, 64, 12, 4, 4, 600});  // qpk 3 (padded)
+  // G 128 with at most 4 query heads per KV head pairs two M-tiles in the mma columns: qpk 2 and 1
+  // (more padding), on both warp counts
+  for (const int w : {1, 2}) {
+    v.push_back({F::kKvarn, 4, 2, 128, 128, 16, 8, 3, 1500, 0, false, 7, 1e-5, w});
+    v.push_back({F::kKvarn, 4, 4, 128, 128, 8, 8, 2, 1500, 0, false, 8, 1e-5, w});
+  }
   v.push_back({F::kKvarn, 4, 4, 64, 64, 8, 8, 7, 300});    // MHA
   v.push_back({F::kKvarn, 4, 2, 128, 128, 16, 2, 1, 1});   // a single token
   v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 2, 2000, 1});
