@@ -396,7 +396,10 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
     KVARN_CHECK(c.rotation != RotationKind::kHaar,
                 "paged_decode: rotation not supported on the GPU");
     const KvarnRecordLayout lay = kvarn_record_layout(p.head_dim, c);
-    KVARN_CHECK(lay.aligned % 16 == 0 && lay.s_col_k % 32 == 0 && lay.v_codes % 32 == 0,
+    // the kernel reads the codes and scale fields with loads of up to 16 bytes
+    KVARN_CHECK(lay.aligned % 16 == 0 && lay.s_col_k % 32 == 0 && lay.v_codes % 32 == 0 &&
+                    lay.s_row_k % 16 == 0 && lay.s_col_v % 16 == 0 && lay.s_row_v % 16 == 0 &&
+                    lay.zp_v % 16 == 0 && lay.zp_k % 16 == 0,
                 "paged_decode: record layout not 16/32-byte aligned");
     a.record_bytes = static_cast<long long>(lay.aligned);
     // The query and output rotations use the cache's matrix: +-fp16(1/sqrt(D)) by default.

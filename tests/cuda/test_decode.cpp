@@ -39,6 +39,9 @@ struct DecodeCase {
   // K and V amplitude: far from 1 the records' scale maxima leave the range of the decode's
   // power-of-two normalization (its clamp at 2^-14) or are 0 (fp8 scales)
   float amp = 1.0f;
+  // KVarN: a sequence's partial last block as a zero-padded record (the cache keeps it in the
+  // pool; the kernel masks the record's tokens past the sequence end)
+  bool partial_records = false;
 };
 
 std::string fmt_name(DecodeFormat f) {
@@ -55,6 +58,7 @@ std::string case_name(const DecodeCase& c) {
   if (c.pool_blocks != 1 || c.sink_tokens != -1)
     o << "_pool" << c.pool_blocks << "_sink" << (c.sink_tokens < 0 ? "G" : "")
       << (c.sink_tokens < 0 ? 1 : c.sink_tokens);
+  if (c.partial_records) o << "_partialrec";
   if (c.amp != 1.0f) {  // "_amp2em16": 2^-16
     const long e = std::lround(std::log2(c.amp));
     o << "_amp2e" << (e < 0 ? "m" : "") << std::labs(e);
@@ -113,7 +117,8 @@ TEST_P(PagedDecode, MatchesCpuReference) {
       const int n = std::min(g, L - j * g);
       // sink = the first pool_blocks, tail = partial last block, and sometimes a full unflushed
       // last block
-      const bool pool = !kv || j < c.pool_blocks || n < g || (j == nb - 1 && rng.next() % 3 == 0);
+      const bool pool = !kv || j < c.pool_blocks || (n < g && !c.partial_records) ||
+                        (j == nb - 1 && rng.next() % 3 == 0);
       int slot = phys;
       if (kv && pool) {
         slot = next_slot++;
@@ -223,6 +228,25 @@ std::vector<DecodeCase> decode_cases() {
   v.push_back({F::kKvarn, 4, 2, 128, 128, 16, 2, 1, 1, 0, false, 1, 1e-5, 2});
   v.push_back({F::kKvarn, 4, 2, 64, 128, 64, 8, 5, 500});
   v.push_back({F::kKvarn, 4, 2, 128, 64, 12, 4, 4, 600});  // qpk 3 (padded)
+  // G 128 with 8 query heads per KV head (no column pairing) for every compiled pair and warp
+  // count, and qpk 6 with the sink spread
+  for (const cuda::DecodeInstance& i : cuda::kDecodeInstances)
+    if (i.format == F::kKvarn)
+      for (const int w : {1, 2})
+        v.push_back(
+            {F::kKvarn, i.key_bits, i.value_bits, 128, 128, 64, 8, 3, 2000, 0, false, 9, 1e-5, w});
+  {
+    DecodeCase k{F::kKvarn, 4, 2, 128, 128, 48, 8, 3, 2500, 6};
+    k.spread = 1;
+    v.push_back(k);
+  }
+  // partial last records (masked past the sequence end), paired (qpk 4, 3) and not (qpk 8)
+  for (const int w : {1, 2})
+    for (const int hq : {32, 24, 64}) {
+      DecodeCase k{F::kKvarn, 4, w == 1 ? 2 : 4, 128, 128, hq, 8, 6, 1500, 0, false, 10, 1e-5, w};
+      k.partial_records = true;
+      v.push_back(k);
+    }
   // G 128 with at most 4 query heads per KV head pairs two M-tiles in the mma columns: qpk 2 and 1
   // (more padding), on both warp counts
   for (const int w : {1, 2}) {
