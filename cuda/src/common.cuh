@@ -172,12 +172,18 @@ __device__ __forceinline__ std::uint32_t movmatrix_trans(std::uint32_t x) {
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
   return y;
 }
-__device__ __forceinline__ std::uint32_t pack_half2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
+// The bits of a half2 as the 32-bit register the mma fragments use, and back.
+__device__ __forceinline__ std::uint32_t half2_bits(__half2 h) {
   return *reinterpret_cast<const std::uint32_t*>(&h);
 }
+__device__ __forceinline__ __half2 as_half2(std::uint32_t x) {
+  return *reinterpret_cast<const __half2*>(&x);
+}
+__device__ __forceinline__ std::uint32_t pack_half2(float lo, float hi) {
+  return half2_bits(__floats2half2_rn(lo, hi));
+}
 __device__ __forceinline__ float2 unpack_half2(std::uint32_t x) {
-  return __half22float2(*reinterpret_cast<const __half2*>(&x));
+  return __half22float2(as_half2(x));
 }
 // Two e4m3 bytes (low 16 bits of x) -> half2, exact.
 __device__ __forceinline__ std::uint32_t e4m3x2_to_half2(std::uint32_t x) {

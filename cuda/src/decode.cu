@@ -17,6 +17,11 @@ namespace kvarn::cuda {
 
 namespace {
 
+// Query heads per KV head (the kernels' qpk; it also picks the KVarN G 128 instance).
+int queries_per_kv_head(const DecodeProblem& p) {
+  return p.num_q_heads / std::max(p.num_kv_heads, 1);
+}
+
 // Multiprocessors of the current device (132 where it cannot be asked), per device.
 int sm_count() {
   static thread_local std::map<int, int> per_device;
@@ -156,7 +161,7 @@ int resident_ctas(const DecodeProblem& p) {
   if (p.format == DecodeFormat::kTurboQuant || device_count() == 0) return 0;
   int n = 0;
   DecodeArgs a{};
-  a.qpk = p.num_q_heads / std::max(p.num_kv_heads, 1);  // KVarN G 128: the paired instance or not
+  a.qpk = queries_per_kv_head(p);  // KVarN G 128: the paired instance or not
   const KvFormat f = kernel_format(p.format);
   const int w = decode_num_warps(p);
   a.stage_bytes = f == KvFormat::kKvarn
@@ -198,7 +203,7 @@ int decode_num_splits(const DecodeProblem& p) {
                                   p.kvarn.value_bits,
                                   static_cast<int>(p.kvarn.scales),
                                   warps,
-                                  p.num_q_heads / std::max(p.num_kv_heads, 1)};
+                                  queries_per_kv_head(p)};
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, resident_ctas(p)).first;
   const int resident = it->second;
@@ -307,8 +312,8 @@ std::size_t decode_workspace_bytes(const DecodeProblem& p) {
 void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t stream) {
   KVARN_CHECK(p.num_kv_heads > 0 && p.num_q_heads % p.num_kv_heads == 0, "paged_decode: Hq ",
               p.num_q_heads, " not a multiple of Hkv ", p.num_kv_heads);
-  KVARN_CHECK(p.num_q_heads / p.num_kv_heads <= kDecodeHeads,
-              "paged_decode: Hq / Hkv = ", p.num_q_heads / p.num_kv_heads, " > ", kDecodeHeads);
+  KVARN_CHECK(queries_per_kv_head(p) <= kDecodeHeads,
+              "paged_decode: Hq / Hkv = ", queries_per_kv_head(p), " > ", kDecodeHeads);
   KVARN_CHECK(b.workspace != nullptr, "paged_decode: workspace required");
   // An explicit warp count must be one that is compiled: 1 or 2 for KVarN G 128, else the fixed
   // one.
@@ -353,7 +358,7 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
     t.batch = p.batch;
     t.num_q_heads = p.num_q_heads;
     t.num_kv_heads = p.num_kv_heads;
-    t.qpk = p.num_q_heads / p.num_kv_heads;
+    t.qpk = queries_per_kv_head(p);
     t.num_splits = splits;
     t.page = p.block_size;
     t.qk_scale = sm_scale * 1.4426950408889634f;
@@ -382,7 +387,7 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
   a.v_scale = b.v_scale;
   a.num_q_heads = p.num_q_heads;
   a.num_kv_heads = p.num_kv_heads;
-  a.qpk = p.num_q_heads / p.num_kv_heads;
+  a.qpk = queries_per_kv_head(p);
   a.num_splits = splits;
   a.qk_scale = sm_scale * 1.4426950408889634f;
   a.code_magic = 0x64006400u;

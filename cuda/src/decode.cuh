@@ -294,7 +294,7 @@ template <int N>
 __device__ __forceinline__ float abs_max_h2(const std::uint32_t* x) {
   __half2 t[N];
 #pragma unroll
-  for (int i = 0; i < N; ++i) t[i] = __habs2(*reinterpret_cast<const __half2*>(&x[i]));
+  for (int i = 0; i < N; ++i) t[i] = __habs2(as_half2(x[i]));
 #pragma unroll
   for (int h = 1; h < N; h <<= 1)
 #pragma unroll
@@ -311,15 +311,9 @@ __device__ __forceinline__ float pow2_scale(float xmax) {
   const float p = __int_as_float(__float_as_int(xmax) & 0x7f800000);
   return fminf(fmaxf(p, 0x1p-14f), 0x1p15f);
 }
-// 1 / x for x a power of two within pow2_scale's range (exact), and the same as half2.
+// 1 / x for x a power of two within pow2_scale's range (exact).
 __device__ __forceinline__ float pow2_inv(float x) {
   return __int_as_float(0x7f000000 - __float_as_int(x));
-}
-__device__ __forceinline__ std::uint32_t half2_bits(__half2 h) {
-  return *reinterpret_cast<const std::uint32_t*>(&h);
-}
-__device__ __forceinline__ __half2 as_half2(std::uint32_t x) {
-  return *reinterpret_cast<const __half2*>(&x);
 }
 
 // The items of one split. KVarN's fp16 sink (its first `sink_blocks` blocks, in the pool) goes
@@ -630,8 +624,7 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
       for (int s = 0; s < KS; ++s)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-          kb[s][e] = detail::half2_bits(
-              __hmul2(detail::as_half2(qb[s][e]), __hmul2(detail::as_half2(sk[s][e]), kinv2)));
+          kb[s][e] = half2_bits(__hmul2(as_half2(qb[s][e]), __hmul2(as_half2(sk[s][e]), kinv2)));
       constexpr std::uint32_t kOnes = 0x3C003C00u;
       const std::uint32_t ones_a[4] = {kOnes, kOnes, kOnes, kOnes};
       float qsum[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum_d q'' of heads 2c, 2c + 1 (fp16 operands)
@@ -743,11 +736,11 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
       std::uint32_t pb[kSM][2], pbh[kPair ? kSM : 1][2];
 #pragma unroll
       for (int m = 0; m < kSM; ++m) {
-        const __half2 s01 = __hmul2(detail::as_half2(sv[m]), vinv2);  // exact
+        const __half2 s01 = __hmul2(as_half2(sv[m]), vinv2);  // exact
         pb[m][0] = movmatrix_trans(
-            detail::half2_bits(__hmul2(__floats2half2_rn(sc[m][0], sc[m][1]), __low2half2(s01))));
+            half2_bits(__hmul2(__floats2half2_rn(sc[m][0], sc[m][1]), __low2half2(s01))));
         pb[m][1] = movmatrix_trans(
-            detail::half2_bits(__hmul2(__floats2half2_rn(sc[m][2], sc[m][3]), __high2half2(s01))));
+            half2_bits(__hmul2(__floats2half2_rn(sc[m][2], sc[m][3]), __high2half2(s01))));
       }
       // The codes enter the mma as 1024 + c 2^(f VB) (field f = channel % kPackV): each chain
       // starts at (sum_t p zp_v) 2^(f VB) / vscale - 1024 sum_t p'' and ends at (vscale sum_t p''

@@ -222,9 +222,8 @@ __device__ __forceinline__ std::uint32_t v3_pair_window(const std::uint32_t (&a)
   }
 }
 __device__ __forceinline__ std::uint32_t hmul2_u32(std::uint32_t a) {
-  const __half2 h = *reinterpret_cast<const __half2*>(&a);
-  const __half2 r = __hmul2(h, h);
-  return *reinterpret_cast<const std::uint32_t*>(&r);
+  const __half2 h = as_half2(a);
+  return half2_bits(__hmul2(h, h));
 }
 
 }  // namespace detail
