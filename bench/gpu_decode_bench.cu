@@ -616,7 +616,7 @@ int main(int argc, char** argv) {
       }
   // KVarN G 128 on each compiled warp count per CTA, next to the automatic choice (decode/).
   for (const char* f : {"k4v2", "k4v4"})
-    for (int batch : {1, 8, 32})
+    for (int batch : {1, 8, 32, 128})
       for (int ctx : {2048, 4096, 16384, 32768, 131072})
         for (int warps : {1, 2}) {
           const DecodeCaseB c{f, 32, 8, batch, ctx, 0, warps};

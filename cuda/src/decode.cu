@@ -50,17 +50,29 @@ KvFormat kernel_format(DecodeFormat f) {
 // else 2 when one-warp CTAs would be split more than kManyWarpSplits ways (few sequences x KV
 // heads: batch 1 from 16K, where two warps per record won at every context and both bit pairs,
 // k4v2 16K 22.7 -> 17.9 us, 128K 54.4 -> 51.2 us, k4v4 128K 66.4 -> 57.0 us); else the table's
-// count for the bit pair (batch >= 8: k4v2 1, k4v4 2).
+// count for the bit pair (batch >= 8: k4v2 1, k4v4 2), except for records in pieces (k4v4 with
+// at most 4 query heads per KV head: one warp, 12 CTAs per SM): one warp where the problem is
+// split (one split: b128 at Hkv 8, 1,024 CTAs for 1,584 slots) and a split holds at least
+// kPieceRecords records (H200, Hq 32, against two warps: batch 8 and 32 at 32K-128K 1.03-1.07x,
+// batch 32 x 16K 1.00x; batch 8 x 16K, 5 records per split, 0.93x; batch 128 x 16K-32K 0.95x).
 int g128_warps(const DecodeProblem& p) {
   if (p.warps > 0) return p.warps;
   constexpr long long kFewRecordsPerSm = 2;
-  constexpr int kManyWarpSplits = 16;
+  // batch 8 at Hkv 8: 16 (8 one-warp CTAs per SM) or 24 (12, records in pieces) splits
+  constexpr int kManyWarpSplits = 24;
   const long long records =
       static_cast<long long>(p.batch) * p.num_kv_heads * std::max(p.max_blocks, 0);
   if (records <= kFewRecordsPerSm * sm_count()) return 2;
   DecodeProblem one = p;
   one.warps = 1;
-  if (decode_num_splits(one) > kManyWarpSplits) return 2;
+  const int splits = decode_num_splits(one);
+  if (splits > kManyWarpSplits) return 2;
+  if (record_in_pieces(KvFormat::kKvarn, p.head_dim, 128, p.kvarn.key_bits, p.kvarn.value_bits, 1,
+                       queries_per_kv_head(p) <= kPairHeads)) {
+    constexpr int kPieceRecords = 8;
+    const int per_split = (std::max(p.max_blocks, 0) + splits - 1) / splits;
+    return splits >= 2 && per_split >= kPieceRecords ? 1 : 2;
+  }
   return decode_table_warps(DecodeFormat::kKvarn, p.kvarn.key_bits, p.kvarn.value_bits) == 2 ? 2
                                                                                              : 1;
 }
@@ -86,9 +98,12 @@ int spread_sink_blocks(const DecodeProblem& p, int splits) {
              : 0;
 }
 
-long long record_bytes_of(const DecodeProblem& p) {
-  if (p.format != DecodeFormat::kKvarn) return 0;
-  return static_cast<long long>(kvarn_record_layout(p.head_dim, p.kvarn).aligned);
+// The KVarN record a stage holds (nothing for the other formats).
+detail::StageRecord stage_record_of(const DecodeProblem& p) {
+  if (p.format != DecodeFormat::kKvarn) return {};
+  const KvarnRecordLayout lay = kvarn_record_layout(p.head_dim, p.kvarn);
+  return {static_cast<long long>(lay.aligned), static_cast<long long>(lay.v_codes),
+          queries_per_kv_head(p), p.kvarn.key_bits, p.kvarn.value_bits};
 }
 
 int tq_slot(const DecodeProblem& p) {
@@ -164,11 +179,7 @@ int resident_ctas(const DecodeProblem& p) {
   a.qpk = queries_per_kv_head(p);  // KVarN G 128: the paired instance or not
   const KvFormat f = kernel_format(p.format);
   const int w = decode_num_warps(p);
-  a.stage_bytes = f == KvFormat::kKvarn
-                      ? detail::stage_bytes_for<KvFormat::kKvarn>(p.head_dim, w, record_bytes_of(p))
-                  : f == KvFormat::kFp16
-                      ? detail::stage_bytes_for<KvFormat::kFp16>(p.head_dim, w, 0)
-                      : detail::stage_bytes_for<KvFormat::kFp8>(p.head_dim, w, 0);
+  a.stage_bytes = detail::decode_stage_bytes(f, p.head_dim, p.block_size, w, stage_record_of(p));
   detail::LaunchShape s{p.head_dim, p.block_size, 1, 1, 1, w, &n};
   const bool kv = f == KvFormat::kKvarn;
   if (!detail::launch_decode_instance(f, kv ? p.kvarn.key_bits : 8, kv ? p.kvarn.value_bits : 8, a,
@@ -190,8 +201,8 @@ int decode_num_splits(const DecodeProblem& p) {
   const bool tq = p.format == DecodeFormat::kTurboQuant;
   const int warps = decode_num_warps(p);
   const int smem = tq ? tq_smem_bytes(tq_slot(p), p.tq.key_bits, warps)
-                      : detail::decode_smem_bytes(kernel_format(p.format), p.head_dim, warps,
-                                                  record_bytes_of(p));
+                      : detail::decode_smem_bytes(kernel_format(p.format), p.head_dim, p.block_size,
+                                                  warps, stage_record_of(p));
   // Per device and kernel instantiation (and record layout); asked once per key: this runs on
   // every decode step.
   static thread_local std::map<std::array<int, 9>, int> cache;
@@ -421,7 +432,9 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
     a.s_col_v = static_cast<int>(lay.s_col_v);
     a.s_row_v = static_cast<int>(lay.s_row_v);
     a.zp_v = static_cast<int>(lay.zp_v);
-    a.stage_bytes = detail::stage_bytes_for<KvFormat::kKvarn>(p.head_dim, warps, a.record_bytes);
+    a.stage_bytes =
+        detail::decode_stage_bytes(KvFormat::kKvarn, p.head_dim, p.block_size, warps,
+                                   {a.record_bytes, a.v_codes, a.qpk, c.key_bits, c.value_bits});
     KVARN_CHECK(
         detail::launch_decode_instance(KvFormat::kKvarn, c.key_bits, c.value_bits, a, s, stream),
         "paged_decode: KVarN k", c.key_bits, "v", c.value_bits, " not compiled (",
@@ -429,9 +442,7 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
   } else {
     a.rot_scale = 0.0f;
     const KvFormat f = kernel_format(p.format);
-    a.stage_bytes = f == KvFormat::kFp16
-                        ? detail::stage_bytes_for<KvFormat::kFp16>(p.head_dim, warps, 0)
-                        : detail::stage_bytes_for<KvFormat::kFp8>(p.head_dim, warps, 0);
+    a.stage_bytes = detail::decode_stage_bytes(f, p.head_dim, p.block_size, warps, {});
     KVARN_CHECK(detail::launch_decode_instance(f, 8, 8, a, s, stream),
                 "paged_decode: format not compiled");
   }

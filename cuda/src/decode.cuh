@@ -28,6 +28,9 @@
 // Work items stream through kStages shared-memory stages (kStages - 1 ahead):
 //   record item: one whole KVarN record (G tokens), copied verbatim by one bulk copy
 //                (cp.async.bulk, issued by thread 0) that completes on the stage's mbarrier;
+//                record_in_pieces (G 128, one warp, paired heads, k4v4): two items, the key piece
+//                (bytes [0, v_codes): scores and softmax) then the value piece ([v_codes, end):
+//                P V), the scores carried from one to the other in registers;
 //   row item:    (cp.async) kRowTok fp16 / e4m3 K rows then V rows of a pool block / page
 //                (rows padded to D * elem + 16 bytes; rows past the sequence are zero-filled);
 //                KVarN: 16 rows per warp, each warp takes its own 16.
@@ -108,6 +111,34 @@ __host__ __device__ constexpr int decode_warps(KvFormat f, int group, int g128_w
   return f != KvFormat::kKvarn || group == 64 ? 2 : group == 128 ? g128_warps : 1;
 }
 
+// KVarN G 128: query heads per KV head up to which the kernel pairs two M-tiles in the mma's
+// columns (kPair of paged_decode_kernel).
+constexpr int kPairHeads = kDecodeHeads / 2;
+
+// KVarN G 128 on one warp with paired heads and at least 16 KiB of codes per record (k4v4 at
+// D 128) streams each record as two pieces, keys (codes and scales before v_codes) then values,
+// each in its own stage. A stage is then about half a record (k4v4: 8,960 instead of 17,920
+// bytes), so 12 CTAs fit the shared memory instead of 6, and with at most 168 registers (3
+// one-warp CTAs per scheduler) the registers too; the next record's keys arrive while this
+// record's values are read, half a record ahead instead of a whole one. H200, Hq 32: k4v4 on one
+// warp 1.12-1.22x faster than with whole records; k4v2 (8 CTAs per SM with whole records)
+// 0.87-0.99x, the shorter prefetch costing more than the extra CTAs give. The unpaired instances
+// need more than 168 registers (they spill there) and keep whole records.
+__host__ __device__ constexpr bool record_in_pieces(KvFormat f, int head_dim, int group, int kb,
+                                                    int vb, int warps, bool pair) {
+  return f == KvFormat::kKvarn && group == 128 && warps == 1 && pair &&
+         (kb + vb) * head_dim * group / 8 >= 16384;
+}
+
+// Resident CTAs per SM the registers must allow (__launch_bounds__): KVarN on two warps 6 (12
+// warps fit the shared memory; 168 registers), records in pieces 12, else no bound.
+__host__ __device__ constexpr int decode_min_ctas(KvFormat f, int head_dim, int group, int kb,
+                                                  int vb, int warps, bool pair) {
+  return f == KvFormat::kKvarn && warps == 2                         ? 6
+         : record_in_pieces(f, head_dim, group, kb, vb, warps, pair) ? 12
+                                                                     : 1;
+}
+
 template <int D, int G, KvFormat F, int KB, int VB, int W>
 struct DecodeTraits {
   static constexpr int kKSteps = D / 16;  // QK k-steps == PV M-tiles
@@ -121,9 +152,6 @@ struct DecodeTraits {
   static constexpr int kRowStride = kRowBytes + 16;  // conflict-free ldmatrix / LDS.128
   static constexpr int kRowItemBytes = 2 * kRowTok * kRowStride;
   static constexpr int kStages = F == KvFormat::kFp16 ? 3 : 2;
-  // KVarN with 2 warps: 6 CTAs (12 warps) per SM fit the shared memory; cap the registers at 168
-  // so they also fit the register file (176 would leave 5).
-  static constexpr int kMinCtas = F == KvFormat::kKvarn && kWarps == 2 ? 6 : 1;
   // KVarN: kWarps warps per CTA share the stages; warp w takes record tokens
   // [w kTok, (w + 1) kTok) and row-item M-tiles [w kRowMTw, (w + 1) kRowMTw) with its own softmax
   // state (merged at the end): more warps per SM at the same shared memory in flight.
@@ -366,7 +394,7 @@ __device__ __forceinline__ void chain_start(const float* zsum, float inv, const 
 // half's columns zeroed). Columns h and h + 4 are head h: lanes c and c ^ 2 share its softmax
 // state, and the two halves of O are added once at the end.
 template <int D, int G, KvFormat F, int KB, int VB, int W, bool kSpread = false, bool kPair = false>
-__global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMinCtas)
+__global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kPair))
     paged_decode_kernel(DecodeArgs a) {
   using T = DecodeTraits<D, G, F, KB, VB, W>;
   static_assert(!kSpread || F == KvFormat::kKvarn, "only KVarN has a sink");
@@ -375,9 +403,11 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
   static_assert(W == decode_warps(F, G, W), "warps per CTA of this format and group");
   constexpr int KS = T::kKSteps;
   constexpr int kStages = T::kStages;
+  constexpr bool kPieces = record_in_pieces(F, D, G, KB, VB, W, kPair);
   extern __shared__ __align__(128) unsigned char smem_raw[];
   static_assert(kStages <= 4, "desc + mbarriers fit the 128-byte header");
-  int4* desc = reinterpret_cast<int4*>(smem_raw);  // [kStages] {record?, -, -, valid rows}
+  // [kStages] {0 rows / 1 record or key piece / 2 value piece, block, row0, valid rows}
+  int4* desc = reinterpret_cast<int4*>(smem_raw);
   // KVarN records arrive by the bulk copy engine: one mbarrier per stage (bytes 64..95); bytes
   // 96..103: the split's sink chunks
   std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(smem_raw + 64);
@@ -489,15 +519,26 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
     }
     return -(phys + 1);
   };
-  // The whole record `meta` (>= 0) into `stage` in one bulk copy (size and addresses 16-byte
-  // aligned: host checks).
-  auto copy_record = [&](int stage, int meta) {
+  // Bytes [from, to) of record `meta` (>= 0) into `stage` in one bulk copy (sizes and addresses
+  // 16-byte aligned: host checks).
+  auto copy_record_bytes = [&](int stage, int meta, long long from, long long to) {
     if (tid == 0) {
       const unsigned char* src =
-          a.records + (static_cast<long long>(meta) * a.num_kv_heads + h) * a.record_bytes;
-      const unsigned bytes = static_cast<unsigned>(a.record_bytes);
+          a.records + (static_cast<long long>(meta) * a.num_kv_heads + h) * a.record_bytes + from;
+      const unsigned bytes = static_cast<unsigned>(to - from);
       mbar_arrive_expect_tx(&bars[stage], bytes);
       bulk_copy_g2s(stages + stage * a.stage_bytes, src, bytes, &bars[stage]);
+    }
+  };
+  // The whole record, or (kPieces) its key piece; the value piece follows as the next item.
+  int pending_values = -1;  // kPieces: the record whose value piece is the next item, else -1
+  int4 pending_desc = make_int4(0, 0, 0, 0);
+  auto copy_record = [&](int stage, int meta) {
+    if constexpr (kPieces) {
+      copy_record_bytes(stage, meta, 0, a.v_codes);
+      pending_values = meta;
+    } else {
+      copy_record_bytes(stage, meta, 0, a.record_bytes);
     }
   };
   // Rows [row0, row0 + n) of pool slot `slot` into dst (rows up to kRowTok zero-filled).
@@ -533,7 +574,7 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
     if constexpr (kSpread) return issued < sink_hdr[1];
     return false;
   };
-  auto more = [&] { return in_sink() || pj < j_end; };
+  auto more = [&] { return (kPieces && pending_values >= 0) || in_sink() || pj < j_end; };
   // Sink chunk `issued` of this split (kSpread): pool rows, or, where the sink block holds a
   // record instead, the whole record for its chunk 0 and empty (zero-filled) items for the rest.
   auto issue_sink_chunk = [&](int stage) {
@@ -543,6 +584,7 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
     if (meta >= 0 && row0 == 0) {
       copy_record(stage, meta);
       d = make_int4(1, j, 0, n_valid);
+      pending_desc = make_int4(2, j, 0, n_valid);
     } else {
       const int n = meta >= 0 ? 0 : min(T::kRowTok, n_valid - row0);
       copy_rows(stages + stage * a.stage_bytes, meta >= 0 ? 0 : -(meta + 1), row0, n);
@@ -553,6 +595,15 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
   // The next item into stage issued % kStages.
   auto issue = [&] {
     const int stage = issued % kStages;
+    if constexpr (kPieces) {
+      if (pending_values >= 0) {  // the value piece of the record issued last
+        copy_record_bytes(stage, pending_values, a.v_codes, a.record_bytes);
+        pending_values = -1;
+        ++issued;
+        if (tid == 0) desc[stage] = pending_desc;
+        return;
+      }
+    }
     if constexpr (kSpread) {
       if (in_sink()) {
         issue_sink_chunk(stage);
@@ -568,6 +619,7 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
     if (F == KvFormat::kKvarn && meta >= 0) {
       copy_record(stage, meta);
       d = make_int4(1, pj, 0, n_valid);
+      pending_desc = make_int4(2, pj, 0, n_valid);
       ++pj;
     } else {
       const int slot = -(meta + 1), row0 = pc * T::kRowTok;
@@ -585,10 +637,21 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
   };
 
   // ---------------- KVarN record item ----------------
-  auto process_record = [&](const unsigned char* rec, int n_valid) {
+  // Score fragments of a record (M-tiles per column half) and the record tokens whose scores a
+  // lane holds; the scores pass from the key part to the value part (kPieces: across items).
+  constexpr int kSM = T::kMT / (kPair ? 2 : 1) > 0 ? T::kMT / (kPair ? 2 : 1) : 1;
+  constexpr int kLT = 2 * kSM;
+  constexpr std::uint32_t kOnes = 0x3C003C00u;
+  const std::uint32_t ones_a[4] = {kOnes, kOnes, kOnes, kOnes};
+  const int tb = warp * T::kTok;  // this warp's first record token
+  // scores: fragment m, row g + 8 e <-> token tok0 + 2 m + e (kPair: the lanes c >= 2 hold the
+  // second half's tokens, kMT further; fields agree since kMT % kPackK == 0)
+  const int tok_lane = g * T::kTokThr + (kPair && c >= 2 ? T::kMT : 0);
+  // Keys: scores of the record's tokens into sc, then the online softmax (sc: p, O rescaled).
+  // rec: the record (kPieces: its key piece, bytes [0, v_codes)).
+  auto process_keys = [&](const unsigned char* rec, int n_valid, float(&sc)[kSM][4]) {
     if constexpr (F == KvFormat::kKvarn) {
       const std::uint32_t magic = a.code_magic;
-      const int tb = warp * T::kTok;        // this warp's first record token
       const int sb = a.fp8_scales ? 1 : 2;  // bytes per row scale
       // q'' = q * s_col_k / kscale (fp16 B fragments: two exact half2 products by 1 / kscale and
       // one rounded product by the fp16 query), kscale = pow2_scale(max |s_col_k|) (1 when every
@@ -618,15 +681,12 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
       const float kscale = detail::pow2_scale(kmax), kinv = detail::pow2_inv(kscale);
       const __half2 kinv2 = __float2half2_rn(kinv);
       // kPair: kb holds the columns 0-3 (the first half of the M-tiles), kbh the columns 4-7
-      constexpr int kSM = kPair ? T::kMT / 2 : T::kMT;  // score fragments (M-tiles per column half)
       std::uint32_t kb[KS][2], kbh[kPair ? KS : 1][2];
 #pragma unroll
       for (int s = 0; s < KS; ++s)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
           kb[s][e] = half2_bits(__hmul2(as_half2(qb[s][e]), __hmul2(as_half2(sk[s][e]), kinv2)));
-      constexpr std::uint32_t kOnes = 0x3C003C00u;
-      const std::uint32_t ones_a[4] = {kOnes, kOnes, kOnes, kOnes};
       float qsum[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum_d q'' of heads 2c, 2c + 1 (fp16 operands)
 #pragma unroll
       for (int s = 0; s < KS; ++s) mma_16816(qsum, ones_a, kb[s]);
@@ -651,7 +711,6 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
 
       // S^T = K codes x q'': lane reads channel rows 16 s + 2c + {0, 1, 8, 9}; M-tile m goes to
       // fragment m % kSM (kPair: tiles kSM.. against the columns 4-7)
-      float sc[kSM][4];
       const unsigned char* kc = rec + tb / T::kPackK + g * T::kKThr;
 #pragma unroll
       for (int s = 0; s < KS; ++s) {
@@ -684,10 +743,6 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
           }
         }
       }
-      // scores: fragment m, row g + 8 e <-> token tok0 + 2 m + e (kPair: the lanes c >= 2 hold
-      // the second half's tokens, kMT further; fields agree since kMT % kPackK == 0)
-      constexpr int kLT = 2 * kSM;  // record tokens whose scores a lane holds
-      const int tok_lane = g * T::kTokThr + (kPair && c >= 2 ? T::kMT : 0);
       float sr[kLT];
       detail::load_scales<kLT>(rec + a.s_row_k + (tb + tok_lane) * sb, a.fp8_scales, sr);
 #pragma unroll
@@ -717,7 +772,14 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
 #pragma unroll
           for (int r = 0; r < 4; ++r) o[mt][r] *= alpha[r & 1];
       }
-
+    }
+  };
+  // Values: O += P V of the record's tokens (sc from process_keys). rec: the record (kPieces:
+  // its value piece minus v_codes, so the record's offsets apply).
+  auto process_values = [&](const unsigned char* rec, const float(&sc)[kSM][4]) {
+    if constexpr (F == KvFormat::kKvarn) {
+      const std::uint32_t magic = a.code_magic;
+      const int sb = a.fp8_scales ? 1 : 2;  // bytes per row scale
       // P'' = p * s_row_v / vscale (whole record; vscale = pow2_scale(max |s_row_v|), so the
       // scales' products by 1 / vscale are exact and P'' is fp16(p) times them, rounded once);
       // PV in chains of kPvMT fragments (64 tokens per column)
@@ -830,6 +892,7 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
       }
     }
   };
+  float sc_item[kSM][4];  // kPieces: the scores of the record whose value piece is next
 
   // ---------------- fp16 / e4m3 row item ----------------
   auto process_rows = [&](const unsigned char* st, int n) {
@@ -938,7 +1001,14 @@ __global__ void __launch_bounds__(32 * W, DecodeTraits<D, G, F, KB, VB, W>::kMin
     if (F == KvFormat::kKvarn && d.x) {
       mbar_wait(&bars[stage], (bar_phase >> stage) & 1u);
       bar_phase ^= 1u << stage;
-      process_record(st, d.w);
+      if (!kPieces) {
+        process_keys(st, d.w, sc_item);
+        process_values(st, sc_item);
+      } else if (d.x == 1) {
+        process_keys(st, d.w, sc_item);
+      } else {
+        process_values(st - a.v_codes, sc_item);
+      }
     } else {
       process_rows(st, d.w);
     }

@@ -2,6 +2,7 @@
 #ifndef KVARN_CUDA_SRC_DECODE_LAUNCH_CUH_
 #define KVARN_CUDA_SRC_DECODE_LAUNCH_CUH_
 
+#include <algorithm>
 #include <mutex>
 
 #include "decode.cuh"
@@ -42,32 +43,50 @@ struct LaunchShape {
   int* ctas_per_sm = nullptr;  // set: report the kernel's resident CTAs per SM, launch nothing
 };
 
+// What a stage must hold besides row items: a KVarN record of record_bytes, its value part
+// starting at v_codes (0 for FP16 / FP8).
+struct StageRecord {
+  long long record_bytes = 0, v_codes = 0;
+  int qpk = kDecodeHeads;  // query heads per KV head (paired instances: record_in_pieces)
+  int key_bits = 0, value_bits = 0;
+};
+
 // Bytes of one pipeline stage and of the kernel's dynamic shared memory.
 inline int round128(long long x) { return static_cast<int>((x + 127) / 128 * 128); }
-// (warps: per CTA, decode_warps of the problem; the row item holds 16 tokens per warp for KVarN)
+// (warps: per CTA, decode_warps of the problem; the row item holds 16 tokens per warp for KVarN;
+// a record in pieces needs the larger of its two parts)
 template <KvFormat F>
-int stage_bytes_for(int head_dim, int warps, long long record_bytes) {
+int stage_bytes_for(int head_dim, int group, int warps, StageRecord r) {
   int row = 0;
   DISPATCH_HEAD_DIM(head_dim, kD, { row = row_item_bytes<kD, F>(warps); })
-  if constexpr (F == KvFormat::kKvarn) return round128(record_bytes > row ? record_bytes : row);
+  if constexpr (F == KvFormat::kKvarn) {
+    const long long item =
+        record_in_pieces(F, head_dim, group, r.key_bits, r.value_bits, warps, r.qpk <= kPairHeads)
+            ? std::max(r.v_codes, r.record_bytes - r.v_codes)
+            : r.record_bytes;
+    return round128(std::max<long long>(item, row));
+  }
   return round128(row);
 }
 template <KvFormat F>
 constexpr int stages_for() {
   return DecodeTraits<128, 64, F, 8, 8, 2>::kStages;  // the same for every group and warp count
 }
-inline int decode_smem_bytes(KvFormat f, int head_dim, int warps, long long record_bytes) {
+inline int decode_stage_bytes(KvFormat f, int head_dim, int group, int warps, StageRecord r) {
   switch (f) {
     case KvFormat::kKvarn:
-      return 128 + stages_for<KvFormat::kKvarn>() *
-                       stage_bytes_for<KvFormat::kKvarn>(head_dim, warps, record_bytes);
+      return stage_bytes_for<KvFormat::kKvarn>(head_dim, group, warps, r);
     case KvFormat::kFp16:
-      return 128 + stages_for<KvFormat::kFp16>() *
-                       stage_bytes_for<KvFormat::kFp16>(head_dim, warps, record_bytes);
+      return stage_bytes_for<KvFormat::kFp16>(head_dim, group, warps, r);
     default:
-      return 128 + stages_for<KvFormat::kFp8>() *
-                       stage_bytes_for<KvFormat::kFp8>(head_dim, warps, record_bytes);
+      return stage_bytes_for<KvFormat::kFp8>(head_dim, group, warps, r);
   }
+}
+inline int decode_smem_bytes(KvFormat f, int head_dim, int group, int warps, StageRecord r) {
+  const int stages = f == KvFormat::kKvarn  ? stages_for<KvFormat::kKvarn>()
+                     : f == KvFormat::kFp16 ? stages_for<KvFormat::kFp16>()
+                                            : stages_for<KvFormat::kFp8>();
+  return 128 + stages * decode_stage_bytes(f, head_dim, group, warps, r);
 }
 
 template <int D, int G, KvFormat F, int KB, int VB, int W, bool kSpread = false, bool kPair = false>
@@ -85,9 +104,6 @@ void launch_decode_warps(const DecodeArgs& a, const LaunchShape& s, cudaStream_t
   KVARN_CUDA_CHECK_LAUNCH("paged_decode_kernel");
 }
 
-// KVarN G 128: query heads per KV head up to which the kernel pairs two M-tiles in the mma's
-// columns (kPair of paged_decode_kernel).
-constexpr int kPairHeads = kDecodeHeads / 2;
 template <int D, KvFormat F, int KB, int VB, bool kPair>
 void launch_decode_g128(const DecodeArgs& a, const LaunchShape& s, cudaStream_t stream) {
   if (s.warps == 2 && a.sink_blocks > 0) {

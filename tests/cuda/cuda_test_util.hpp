@@ -130,7 +130,9 @@ inline kvarn::cuda::DecodeProblem decode_problem(kvarn::cuda::DecodeFormat forma
 
 // Runs paged_decode twice on NaN-poisoned output and workspace (the second run catches races and
 // state left behind) and requires every output element written and NMSE <= max_nmse (the case's
-// own bound) against `ref`.
+// own bound on the kernel's arithmetic) against `ref`, plus twice what rounding `ref` itself to
+// the fp16 output costs: at tiny amplitudes (K / V at 2^-16) the outputs are fp16 subnormals,
+// whose spacing of 2^-24 alone is an NMSE of ~1e-4 there.
 inline void expect_decode_matches(const kvarn::cuda::DecodeProblem& p,
                                   const kvarn::cuda::DecodeBuffers& bufs,
                                   DeviceBuffer<std::uint16_t>& dout, DeviceBuffer<std::uint8_t>& ws,
@@ -153,10 +155,16 @@ inline void expect_decode_matches(const kvarn::cuda::DecodeProblem& p,
       num += (double(v) - ref[i]) * (double(v) - ref[i]);
       den += double(ref[i]) * ref[i];
     }
-    const double nmse = num / std::max(den, 1e-30);
+    double floor_num = 0;  // ref against ref rounded to the output's fp16
+    for (const float r : ref) {
+      const double e = double(kvarn::half_bits_to_float(kvarn::float_to_half_bits(r))) - r;
+      floor_num += e * e;
+    }
+    const double nmse = num / std::max(den, 1e-30), floor = floor_num / std::max(den, 1e-30);
     EXPECT_EQ(unwritten, 0u) << name;
-    EXPECT_LE(nmse, max_nmse) << name;
-    if (rep == 0) std::printf("[ nmse ] %s %.3e\n", name.c_str(), nmse);
+    EXPECT_LE(nmse, max_nmse + 2 * floor) << name << " (fp16 output floor " << floor << ")";
+    if (rep == 0)
+      std::printf("[ nmse ] %s %.3e (fp16 output floor %.1e)\n", name.c_str(), nmse, floor);
   }
 }
 

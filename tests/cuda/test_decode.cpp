@@ -8,6 +8,7 @@
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_test_util.hpp"
@@ -253,6 +254,24 @@ std::vector<DecodeCase> decode_cases() {
     v.push_back({F::kKvarn, 4, 2, 128, 128, 16, 8, 3, 1500, 0, false, 7, 1e-5, w});
     v.push_back({F::kKvarn, 4, 4, 128, 128, 8, 8, 2, 1500, 0, false, 8, 1e-5, w});
   }
+  // records in pieces (k4v4 on one warp with paired heads): partial last records at 4, 3 and 2
+  // query heads per KV head, fp8 scales (also flushed to 0), tiny and large K / V
+  for (const int hq : {32, 24, 16}) {
+    DecodeCase k{F::kKvarn, 4, 4, 128, 128, hq, 8, 5, 1500, 0, false, 11, 1e-5, 1};
+    k.partial_records = true;
+    v.push_back(k);
+  }
+  v.push_back({F::kKvarn, 4, 4, 128, 128, 32, 8, 3, 2000, 0, true, 12, 1e-5, 1});
+  for (const float amp : {0x1p-16f, 0x1p8f, 0x1p-12f}) {
+    DecodeCase k{F::kKvarn, 4, 4, 128, 128, 32, 8, 2, 2000, 0, amp == 0x1p-12f, 13, 1e-5, 1};
+    k.amp = amp;
+    v.push_back(k);
+  }
+  {  // two warps, whole records: V row scales below 2^-14 (p'' kept in fp16's normal range)
+    DecodeCase k{F::kKvarn, 4, 4, 128, 128, 64, 8, 2, 2000, 0, false, 13, 1e-5, 2};
+    k.amp = 0x1p-16f;
+    v.push_back(k);
+  }
   v.push_back({F::kKvarn, 4, 4, 64, 64, 8, 8, 7, 300});    // MHA
   v.push_back({F::kKvarn, 4, 2, 128, 128, 16, 2, 1, 1});   // a single token
   v.push_back({F::kKvarn, 4, 2, 128, 128, 32, 8, 2, 2000, 1});
@@ -359,7 +378,23 @@ TEST(PagedDecodeWarps, AutomaticChoice) {
     EXPECT_EQ(warps(4, 4, 128, 1, blocks, 0), 2) << blocks;
   }
   EXPECT_EQ(warps(4, 2, 128, 8, 256, 0), 1);  // batch 8: 16 one-warp splits, the table's count
-  EXPECT_EQ(warps(4, 4, 128, 8, 256, 0), 2);
+  // k4v4 at Hq 32 (records in pieces): one warp where one-warp CTAs are split 2 to 24 ways and a
+  // split holds at least 8 records; on 132 SMs batch 8 has 24 splits (32K yes, 16K no), batch 128
+  // one split (no)
+  auto pieces_warps = [](int batch, int blocks) {
+    cuda::DecodeProblem one = kvarn_problem(4, 4, batch, blocks);
+    one.warps = 1;
+    const int s = cuda::decode_num_splits(one);
+    return s >= 2 && s <= 24 && (blocks + s - 1) / s >= 8 ? 1 : 2;
+  };
+  for (const auto& [batch, blocks] : {std::pair{8, 256}, {8, 128}, {32, 128}, {128, 256}})
+    EXPECT_EQ(warps(4, 4, 128, batch, blocks, 0), pieces_warps(batch, blocks)) << batch;
+  if (sms == 132) {
+    EXPECT_EQ(warps(4, 4, 128, 8, 256, 0), 1);
+    EXPECT_EQ(warps(4, 4, 128, 8, 128, 0), 2);
+    EXPECT_EQ(warps(4, 4, 128, 32, 128, 0), 1);
+    EXPECT_EQ(warps(4, 4, 128, 128, 256, 0), 2);
+  }
   EXPECT_EQ(warps(4, 2, 128, 4, 2, 0), 2);  // 64 records: few per SM
   EXPECT_EQ(warps(4, 2, 128, 1, few, 1), 1);
   EXPECT_EQ(warps(4, 4, 128, 8, 256, 1), 1);
