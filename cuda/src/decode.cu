@@ -58,17 +58,18 @@ KvFormat kernel_format(DecodeFormat f) {
 int g128_warps(const DecodeProblem& p) {
   if (p.warps > 0) return p.warps;
   constexpr long long kFewRecordsPerSm = 2;
-  // batch 8 at Hkv 8: 16 (8 one-warp CTAs per SM) or 24 (12, records in pieces) splits
-  constexpr int kManyWarpSplits = 24;
+  // many: past batch 8 at Hkv 8, 16 splits with 8 one-warp CTAs per SM (24 with 12, in pieces)
+  constexpr int kManyWarpSplits = 16, kManyPieceSplits = 24;
   const long long records =
       static_cast<long long>(p.batch) * p.num_kv_heads * std::max(p.max_blocks, 0);
   if (records <= kFewRecordsPerSm * sm_count()) return 2;
   DecodeProblem one = p;
   one.warps = 1;
   const int splits = decode_num_splits(one);
-  if (splits > kManyWarpSplits) return 2;
-  if (record_in_pieces(KvFormat::kKvarn, p.head_dim, 128, p.kvarn.key_bits, p.kvarn.value_bits, 1,
-                       queries_per_kv_head(p) <= kPairHeads)) {
+  const bool pieces = record_in_pieces(KvFormat::kKvarn, p.head_dim, 128, p.kvarn.key_bits,
+                                       p.kvarn.value_bits, 1, queries_per_kv_head(p) <= kPairHeads);
+  if (splits > (pieces ? kManyPieceSplits : kManyWarpSplits)) return 2;
+  if (pieces) {
     constexpr int kPieceRecords = 8;
     const int per_split = (std::max(p.max_blocks, 0) + splits - 1) / splits;
     return splits >= 2 && per_split >= kPieceRecords ? 1 : 2;

@@ -115,8 +115,9 @@ __host__ __device__ constexpr int decode_warps(KvFormat f, int group, int g128_w
 // columns (kPair of paged_decode_kernel).
 constexpr int kPairHeads = kDecodeHeads / 2;
 
-// KVarN G 128 on one warp with paired heads and at least 16 KiB of codes per record (k4v4 at
-// D 128) streams each record as two pieces, keys (codes and scales before v_codes) then values,
+// KVarN G 128 on one warp with paired heads, at least 16 KiB of codes per record and at most 8 KiB
+// per piece (k4v4 at D 128; k8v8's pieces would allow only 6 CTAs) streams each record as two
+// pieces, keys (codes and scales before v_codes) then values,
 // each in its own stage. A stage is then about half a record (k4v4: 8,960 instead of 17,920
 // bytes), so 12 CTAs fit the shared memory instead of 6, and with at most 168 registers (3
 // one-warp CTAs per scheduler) the registers too; the next record's keys arrive while this
@@ -126,8 +127,9 @@ constexpr int kPairHeads = kDecodeHeads / 2;
 // need more than 168 registers (they spill there) and keep whole records.
 __host__ __device__ constexpr bool record_in_pieces(KvFormat f, int head_dim, int group, int kb,
                                                     int vb, int warps, bool pair) {
+  const int key_codes = kb * head_dim * group / 8, value_codes = vb * head_dim * group / 8;
   return f == KvFormat::kKvarn && group == 128 && warps == 1 && pair &&
-         (kb + vb) * head_dim * group / 8 >= 16384;
+         key_codes + value_codes >= 16384 && key_codes <= 8192 && value_codes <= 8192;
 }
 
 // Resident CTAs per SM the registers must allow (__launch_bounds__): KVarN on two warps 6 (12
@@ -577,6 +579,10 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
   auto more = [&] { return (kPieces && pending_values >= 0) || in_sink() || pj < j_end; };
   // Sink chunk `issued` of this split (kSpread): pool rows, or, where the sink block holds a
   // record instead, the whole record for its chunk 0 and empty (zero-filled) items for the rest.
+  // kPieces: a sink record's value piece takes the item count (`issued`) of the chunk after the
+  // record's, which is an empty item of the same block (a record is a block's chunk 0 and a block
+  // has kChunks >= 2 chunks), so no chunk that holds rows is skipped.
+  static_assert(!kPieces || !kSpread || G / T::kRowTok >= 2, "sink chunks after a record");
   auto issue_sink_chunk = [&](int stage) {
     const int ch = sink_hdr[0] + issued, j = ch / kChunks, row0 = (ch % kChunks) * T::kRowTok;
     const int meta = sink_meta(j), n_valid = min(G, len - j * G);
@@ -774,9 +780,9 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
       }
     }
   };
-  // Values: O += P V of the record's tokens (sc from process_keys). rec: the record (kPieces:
-  // its value piece minus v_codes, so the record's offsets apply).
-  auto process_values = [&](const unsigned char* rec, const float(&sc)[kSM][4]) {
+  // Values: O += P V of the record's tokens (sc from process_keys). rec: the record's bytes from
+  // byte `base` on (the whole record: 0; kPieces: its value piece, v_codes).
+  auto process_values = [&](const unsigned char* rec, int base, const float(&sc)[kSM][4]) {
     if constexpr (F == KvFormat::kKvarn) {
       const std::uint32_t magic = a.code_magic;
       const int sb = a.fp8_scales ? 1 : 2;  // bytes per row scale
@@ -785,8 +791,9 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
       // PV in chains of kPvMT fragments (64 tokens per column)
       std::uint32_t sv[kLT / 2];  // s_row_v of the lane's tokens 2i, 2i + 1 (half2)
       float zv[kLT];
-      detail::load_scales_h2<kLT / 2>(rec + a.s_row_v + (tb + tok_lane) * sb, a.fp8_scales, sv);
-      detail::load_scales<kLT>(rec + a.zp_v + (tb + tok_lane) * 2, 0, zv);
+      detail::load_scales_h2<kLT / 2>(rec + (a.s_row_v - base) + (tb + tok_lane) * sb, a.fp8_scales,
+                                      sv);
+      detail::load_scales<kLT>(rec + (a.zp_v - base) + (tb + tok_lane) * 2, 0, zv);
       float vmax = detail::abs_max_h2<kLT / 2>(sv);
 #pragma unroll
       for (int o2 = kPair ? 2 : 4; o2 < 32; o2 <<= 1)
@@ -815,7 +822,7 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
       // warp: registers to spare) or per chain (two warps: capped at 168 registers)
       float scv[D / 8];
       auto load_scv = [&]() {
-        detail::load_scales<D / 8>(rec + a.s_col_v + g * (D / 8) * sb, a.fp8_scales, scv);
+        detail::load_scales<D / 8>(rec + (a.s_col_v - base) + g * (D / 8) * sb, a.fp8_scales, scv);
 #pragma unroll
         for (int ch = 0; ch < D / 8; ++ch)  // g D/8 is a multiple of kPackV
           scv[ch] *= vscale * (1.0f / static_cast<float>(1 << ((ch % T::kPackV) * VB)));
@@ -852,7 +859,7 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
         // O^T tile = V codes^T x P'': M-tile m (k-step) pairs token rows t0 = 2c G/8 + 2m and
         // t0 + G/8; kPair: M-tiles m against pb[m], m + kSM against pbh[m]
         float co[KS][4];
-        const unsigned char* vc = rec + a.v_codes + tb * T::kVRow + g * T::kVThr;
+        const unsigned char* vc = rec + (a.v_codes - base) + tb * T::kVRow + g * T::kVThr;
 #pragma unroll
         for (int mm = m0; mm < m0 + kPvMT * (kPair ? 2 : 1); ++mm) {
           const int m = mm < m0 + kPvMT ? mm : mm - kPvMT + kSM;  // the record's M-tile
@@ -1003,11 +1010,11 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
       bar_phase ^= 1u << stage;
       if (!kPieces) {
         process_keys(st, d.w, sc_item);
-        process_values(st, sc_item);
+        process_values(st, 0, sc_item);
       } else if (d.x == 1) {
         process_keys(st, d.w, sc_item);
       } else {
-        process_values(st - a.v_codes, sc_item);
+        process_values(st, a.v_codes, sc_item);
       }
     } else {
       process_rows(st, d.w);

@@ -358,8 +358,9 @@ cuda::DecodeProblem kvarn_problem(int kb, int vb, int batch, int max_blocks, int
 }
 
 // KVarN G 128 warps per CTA: an explicit count wins; a cache of a few records per SM takes two,
-// so does one that one-warp CTAs would split more than 16 ways (batch 1); else the table's count
-// for the bit pair (k4v2 1, k4v4 2); other groups are fixed.
+// so does one that one-warp CTAs would split more than 16 ways (24 for records in pieces; batch
+// 1); else the table's count for the bit pair (k4v2 1, k4v4 2) or, for k4v4 in pieces, one warp
+// from 8 records per split; other groups are fixed.
 TEST(PagedDecodeWarps, AutomaticChoice) {
   KVARN_REQUIRE_GPU();
   int sms = 0;
