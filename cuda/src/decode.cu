@@ -50,11 +50,12 @@ KvFormat kernel_format(DecodeFormat f) {
 // else 2 when one-warp CTAs would be split more than kManyWarpSplits ways (few sequences x KV
 // heads: batch 1 from 16K, where two warps per record won at every context and both bit pairs,
 // k4v2 16K 22.7 -> 17.9 us, 128K 54.4 -> 51.2 us, k4v4 128K 66.4 -> 57.0 us); else the table's
-// count for the bit pair (batch >= 8: k4v2 1, k4v4 2), except for records in pieces (k4v4 with
-// at most 4 query heads per KV head: one warp, 12 CTAs per SM): one warp where the problem is
-// split (one split: b128 at Hkv 8, 1,024 CTAs for 1,584 slots) and a split holds at least
-// kPieceRecords records (H200, Hq 32, against two warps: batch 8 and 32 at 32K-128K 1.03-1.07x,
-// batch 32 x 16K 1.00x; batch 8 x 16K, 5 records per split, 0.93x; batch 128 x 16K-32K 0.95x).
+// count for the bit pair (batch >= 8: k4v2 1, k4v4 2), except for records in pieces (k4v4 on one
+// warp: 12 CTAs per SM with at most 4 query heads per KV head, 8 with more): one warp where the
+// problem is split (Hq 32 at batch 128: one split, 1,024 CTAs for 1,584 slots) and a split holds
+// at least kPieceRecords records (H200, against two warps: Hq 32 batch 8 and 32 at 32K-128K
+// 1.03-1.07x, batch 32 x 16K 1.00x, batch 8 x 16K with 5 records per split 0.93x, batch 128 x
+// 16K-32K 0.95x; Hq 64 batch 8 and 32 at 16K-128K 1.01-1.03x).
 int g128_warps(const DecodeProblem& p) {
   if (p.warps > 0) return p.warps;
   constexpr long long kFewRecordsPerSm = 2;
@@ -66,8 +67,8 @@ int g128_warps(const DecodeProblem& p) {
   DecodeProblem one = p;
   one.warps = 1;
   const int splits = decode_num_splits(one);
-  const bool pieces = record_in_pieces(KvFormat::kKvarn, p.head_dim, 128, p.kvarn.key_bits,
-                                       p.kvarn.value_bits, 1, queries_per_kv_head(p) <= kPairHeads);
+  const bool pieces =
+      record_in_pieces(KvFormat::kKvarn, p.head_dim, 128, p.kvarn.key_bits, p.kvarn.value_bits, 1);
   if (splits > (pieces ? kManyPieceSplits : kManyWarpSplits)) return 2;
   if (pieces) {
     constexpr int kPieceRecords = 8;
@@ -104,7 +105,7 @@ detail::StageRecord stage_record_of(const DecodeProblem& p) {
   if (p.format != DecodeFormat::kKvarn) return {};
   const KvarnRecordLayout lay = kvarn_record_layout(p.head_dim, p.kvarn);
   return {static_cast<long long>(lay.aligned), static_cast<long long>(lay.v_codes),
-          queries_per_kv_head(p), p.kvarn.key_bits, p.kvarn.value_bits};
+          p.kvarn.key_bits, p.kvarn.value_bits};
 }
 
 int tq_slot(const DecodeProblem& p) {
@@ -435,7 +436,7 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
     a.zp_v = static_cast<int>(lay.zp_v);
     a.stage_bytes =
         detail::decode_stage_bytes(KvFormat::kKvarn, p.head_dim, p.block_size, warps,
-                                   {a.record_bytes, a.v_codes, a.qpk, c.key_bits, c.value_bits});
+                                   {a.record_bytes, a.v_codes, c.key_bits, c.value_bits});
     KVARN_CHECK(
         detail::launch_decode_instance(KvFormat::kKvarn, c.key_bits, c.value_bits, a, s, stream),
         "paged_decode: KVarN k", c.key_bits, "v", c.value_bits, " not compiled (",

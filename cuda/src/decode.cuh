@@ -28,7 +28,7 @@
 // Work items stream through kStages shared-memory stages (kStages - 1 ahead):
 //   record item: one whole KVarN record (G tokens), copied verbatim by one bulk copy
 //                (cp.async.bulk, issued by thread 0) that completes on the stage's mbarrier;
-//                record_in_pieces (G 128, one warp, paired heads, k4v4): two items, the key piece
+//                record_in_pieces (G 128, one warp, k4v4): two items, the key piece
 //                (bytes [0, v_codes): scores and softmax) then the value piece ([v_codes, end):
 //                P V), the scores carried from one to the other in registers;
 //   row item:    (cp.async) kRowTok fp16 / e4m3 K rows then V rows of a pool block / page
@@ -115,30 +115,30 @@ __host__ __device__ constexpr int decode_warps(KvFormat f, int group, int g128_w
 // columns (kPair of paged_decode_kernel).
 constexpr int kPairHeads = kDecodeHeads / 2;
 
-// KVarN G 128 on one warp with paired heads, at least 16 KiB of codes per record and at most 8 KiB
-// per piece (k4v4 at D 128; k8v8's pieces would allow only 6 CTAs) streams each record as two
-// pieces, keys (codes and scales before v_codes) then values,
-// each in its own stage. A stage is then about half a record (k4v4: 8,960 instead of 17,920
-// bytes), so 12 CTAs fit the shared memory instead of 6, and with at most 168 registers (3
-// one-warp CTAs per scheduler) the registers too; the next record's keys arrive while this
-// record's values are read, half a record ahead instead of a whole one. H200, Hq 32: k4v4 on one
-// warp 1.12-1.22x faster than with whole records; k4v2 (8 CTAs per SM with whole records)
-// 0.87-0.99x, the shorter prefetch costing more than the extra CTAs give. The unpaired instances
-// need more than 168 registers (they spill there) and keep whole records.
+// KVarN G 128 on one warp with at least 16 KiB of codes per record and at most 8 KiB per piece
+// (k4v4 at D 128; k8v8's pieces would allow only 6 CTAs) streams each record as two pieces, keys
+// (codes and scales before v_codes) then values, each in its own stage. A stage is then about
+// half a record (k4v4: 8,960 instead of 17,920 bytes), so 12 CTAs fit the shared memory instead
+// of 6; the next record's keys arrive while this record's values are read, half a record ahead
+// instead of a whole one. The paired instances (at most 4 query heads per KV head) are capped at
+// 168 registers, so that 3 one-warp CTAs fit each scheduler and the 12 CTAs the registers too;
+// the unpaired ones need 254 (they spill at 168) and get 8 CTAs per SM. H200: k4v4 on one warp
+// 1.12-1.22x faster than with whole records at Hq 32; k4v2 (8 CTAs per SM with whole records)
+// 0.87-0.99x, the shorter prefetch costing more than the extra CTAs give.
 __host__ __device__ constexpr bool record_in_pieces(KvFormat f, int head_dim, int group, int kb,
-                                                    int vb, int warps, bool pair) {
+                                                    int vb, int warps) {
   const int key_codes = kb * head_dim * group / 8, value_codes = vb * head_dim * group / 8;
-  return f == KvFormat::kKvarn && group == 128 && warps == 1 && pair &&
-         key_codes + value_codes >= 16384 && key_codes <= 8192 && value_codes <= 8192;
+  return f == KvFormat::kKvarn && group == 128 && warps == 1 && key_codes + value_codes >= 16384 &&
+         key_codes <= 8192 && value_codes <= 8192;
 }
 
 // Resident CTAs per SM the registers must allow (__launch_bounds__): KVarN on two warps 6 (12
-// warps fit the shared memory; 168 registers), records in pieces 12, else no bound.
+// warps fit the shared memory; 168 registers), paired records in pieces 12, else no bound.
 __host__ __device__ constexpr int decode_min_ctas(KvFormat f, int head_dim, int group, int kb,
                                                   int vb, int warps, bool pair) {
-  return f == KvFormat::kKvarn && warps == 2                         ? 6
-         : record_in_pieces(f, head_dim, group, kb, vb, warps, pair) ? 12
-                                                                     : 1;
+  return f == KvFormat::kKvarn && warps == 2                           ? 6
+         : pair && record_in_pieces(f, head_dim, group, kb, vb, warps) ? 12
+                                                                       : 1;
 }
 
 template <int D, int G, KvFormat F, int KB, int VB, int W>
@@ -405,7 +405,7 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
   static_assert(W == decode_warps(F, G, W), "warps per CTA of this format and group");
   constexpr int KS = T::kKSteps;
   constexpr int kStages = T::kStages;
-  constexpr bool kPieces = record_in_pieces(F, D, G, KB, VB, W, kPair);
+  constexpr bool kPieces = record_in_pieces(F, D, G, KB, VB, W);
   extern __shared__ __align__(128) unsigned char smem_raw[];
   static_assert(kStages <= 4, "desc + mbarriers fit the 128-byte header");
   // [kStages] {0 rows / 1 record or key piece / 2 value piece, block, row0, valid rows}

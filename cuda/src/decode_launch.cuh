@@ -47,8 +47,7 @@ struct LaunchShape {
 // starting at v_codes (0 for FP16 / FP8).
 struct StageRecord {
   long long record_bytes = 0, v_codes = 0;
-  int qpk = kDecodeHeads;  // query heads per KV head (paired instances: record_in_pieces)
-  int key_bits = 0, value_bits = 0;
+  int key_bits = 0, value_bits = 0;  // record_in_pieces
 };
 
 // Bytes of one pipeline stage and of the kernel's dynamic shared memory.
@@ -60,10 +59,9 @@ int stage_bytes_for(int head_dim, int group, int warps, StageRecord r) {
   int row = 0;
   DISPATCH_HEAD_DIM(head_dim, kD, { row = row_item_bytes<kD, F>(warps); })
   if constexpr (F == KvFormat::kKvarn) {
-    const long long item =
-        record_in_pieces(F, head_dim, group, r.key_bits, r.value_bits, warps, r.qpk <= kPairHeads)
-            ? std::max(r.v_codes, r.record_bytes - r.v_codes)
-            : r.record_bytes;
+    const long long item = record_in_pieces(F, head_dim, group, r.key_bits, r.value_bits, warps)
+                               ? std::max(r.v_codes, r.record_bytes - r.v_codes)
+                               : r.record_bytes;
     return round128(std::max<long long>(item, row));
   }
   return round128(row);
