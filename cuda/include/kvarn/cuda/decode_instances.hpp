@@ -16,10 +16,10 @@
 // and the kernels' KvFormat (kKvarn, kFp16, kFp8); unit: the translation unit that compiles it;
 // warps: KVarN G 128 warps per CTA (1 or 2; both are compiled) for a cache of more than a few
 // records per SM split a few ways (cuda/src/decode.cu: g128_warps takes 2 for fewer records and
-// past 24 one-warp splits, and 1 for k4v4 at up to 4 query heads per KV head, whose one-warp
-// kernel streams records in pieces, where a split holds 8 or more records). One warp does a
-// record's per-record work once; two hide more latency. H200, Hq 32/64, Hkv 8, batch 8-32,
-// 16K-128K: k4v2 faster on 1 warp, k4v4 on 2 with whole records (docs/PERFORMANCE.md).
+// past 16 one-warp splits, 24 for k4v4, whose one-warp kernel streams records in pieces and takes
+// 1 where a split holds 8 or more records). One warp does a record's per-record work once; two
+// hide more latency. H200, Hq 32/64, Hkv 8, batch 8-32, 16K-128K: k4v2 faster on 1 warp, k4v4 on
+// 2 with whole records and on 1 in pieces (docs/PERFORMANCE.md).
 // FP16 / FP8 rows: unused (2).
 #define KVARN_DECODE_INSTANCES(X) \
   X(kKvarn, 4, 2, kvarn_k4, 1)    \
