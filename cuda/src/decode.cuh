@@ -532,13 +532,15 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
       bulk_copy_g2s(stages + stage * a.stage_bytes, src, bytes, &bars[stage]);
     }
   };
-  // The whole record, or (kPieces) its key piece; the value piece follows as the next item.
+  // The whole record, or (kPieces) its key piece; the value piece follows as the next item, with
+  // the key piece's descriptor d but kind 2.
   int pending_values = -1;  // kPieces: the record whose value piece is the next item, else -1
   int4 pending_desc = make_int4(0, 0, 0, 0);
-  auto copy_record = [&](int stage, int meta) {
+  auto copy_record = [&](int stage, int meta, int4 d) {
     if constexpr (kPieces) {
       copy_record_bytes(stage, meta, 0, a.v_codes);
       pending_values = meta;
+      pending_desc = make_int4(2, d.y, d.z, d.w);
     } else {
       copy_record_bytes(stage, meta, 0, a.record_bytes);
     }
@@ -588,9 +590,8 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
     const int meta = sink_meta(j), n_valid = min(G, len - j * G);
     int4 d;
     if (meta >= 0 && row0 == 0) {
-      copy_record(stage, meta);
       d = make_int4(1, j, 0, n_valid);
-      pending_desc = make_int4(2, j, 0, n_valid);
+      copy_record(stage, meta, d);
     } else {
       const int n = meta >= 0 ? 0 : min(T::kRowTok, n_valid - row0);
       copy_rows(stages + stage * a.stage_bytes, meta >= 0 ? 0 : -(meta + 1), row0, n);
@@ -623,9 +624,8 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
     const int n_valid = min(G, len - pj * G);
     int4 d;
     if (F == KvFormat::kKvarn && meta >= 0) {
-      copy_record(stage, meta);
       d = make_int4(1, pj, 0, n_valid);
-      pending_desc = make_int4(2, pj, 0, n_valid);
+      copy_record(stage, meta, d);
       ++pj;
     } else {
       const int slot = -(meta + 1), row0 = pc * T::kRowTok;
