@@ -244,7 +244,9 @@ kvarn::KvarnConfig kvarn_cfg(int kb, int vb) {
 
 // blocks = 1024: throughput (8192 tiles); blocks = batch: one launch of the tiles a batch
 // produces every 128 generated tokens (one per sequence and KV head), i.e. its real latency.
-void BM_Store(benchmark::State& st, int kb, int vb, int blocks = 1024) {
+// kernel: kAuto is what kvarn_store picks; store_kernel/{tile,cluster}/... time each kernel.
+void BM_Store(benchmark::State& st, int kb, int vb, int blocks = 1024,
+              kvarn::cuda::StoreKernel kernel = kvarn::cuda::StoreKernel::kAuto) {
   const auto cfg = kvarn_cfg(kb, vb);
   const int d = kHeadDim, g = 128, heads = 8;
   const auto lay = kvarn::kvarn_record_layout(d, cfg);
@@ -263,6 +265,7 @@ void BM_Store(benchmark::State& st, int kb, int vb, int blocks = 1024) {
   t.head_stride = d;
   t.block_stride = static_cast<long long>(g) * heads * d;
   t.records = rec.p;
+  t.kernel = kernel;
   for (auto _ : st) {
     const double s = time_median([&] { kvarn::cuda::kvarn_store(cfg, d, t, bench_stream()); },
                                  blocks >= 1024 ? 5 : 15, true);
@@ -592,6 +595,12 @@ int main(int argc, char** argv) {
   for (int batch : {1, 8, 32, 128, 1024})
     reg("store_launch/k4v2/b" + std::to_string(batch),
         [batch](benchmark::State& s) { BM_Store(s, 4, 2, batch); });
+  for (auto [name, kernel] : std::vector<std::pair<std::string, kvarn::cuda::StoreKernel>>{
+           {"tile", kvarn::cuda::StoreKernel::kTile},
+           {"cluster", kvarn::cuda::StoreKernel::kCluster}})
+    for (int batch : {1, 8, 32, 128, 1024})
+      reg("store_kernel/" + name + "/k4v2/b" + std::to_string(batch),
+          [batch, kernel = kernel](benchmark::State& s) { BM_Store(s, 4, 2, batch, kernel); });
   const double max_bytes = 100.0 * (1ULL << 30);
   for (auto [hq, hkv] : std::vector<std::pair<int, int>>{{32, 8}, {64, 8}})
     for (int batch : {1, 8, 32, 128})

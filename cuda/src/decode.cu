@@ -22,22 +22,6 @@ int queries_per_kv_head(const DecodeProblem& p) {
   return p.num_q_heads / std::max(p.num_kv_heads, 1);
 }
 
-// Multiprocessors of the current device (132 where it cannot be asked), per device.
-int sm_count() {
-  static thread_local std::map<int, int> per_device;
-  const int dev = current_device();
-  auto it = per_device.find(dev);
-  if (it == per_device.end()) {
-    int n = 132;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      n = 132;
-    }
-    it = per_device.emplace(dev, n).first;
-  }
-  return it->second;
-}
-
 KvFormat kernel_format(DecodeFormat f) {
   return f == DecodeFormat::kKvarn  ? KvFormat::kKvarn
          : f == DecodeFormat::kFp16 ? KvFormat::kFp16

@@ -1,5 +1,7 @@
 #include "kvarn/cuda/error.hpp"
 
+#include <map>
+
 #include "kvarn/data/error.hpp"
 
 namespace kvarn::cuda {
@@ -20,6 +22,22 @@ int current_device() {
     return 0;
   }
   return dev;
+}
+
+// Multiprocessors of the current device (132 where it cannot be asked), per device.
+int sm_count() {
+  static thread_local std::map<int, int> per_device;
+  const int dev = current_device();
+  auto it = per_device.find(dev);
+  if (it == per_device.end()) {
+    int n = 132;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      n = 132;
+    }
+    it = per_device.emplace(dev, n).first;
+  }
+  return it->second;
 }
 
 }  // namespace kvarn::cuda

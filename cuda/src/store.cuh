@@ -101,9 +101,11 @@ __device__ __forceinline__ float combine8_lanes(float p) {
   return p;
 }
 
+// Max and min over the warp; kFrom > 1 where aligned groups of kFrom lanes hold equal values.
+template <int kFrom = 1>
 __device__ __forceinline__ void warp_maxmin(float& mx, float& mn) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
+  for (int o = 16; o >= kFrom; o >>= 1) {
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, o));
   }
@@ -124,6 +126,22 @@ __device__ __forceinline__ void store_half(std::uint8_t* dst, float v) {
   dst[1] = static_cast<std::uint8_t>(h >> 8);
 }
 
+// float_to_half_bits by the hardware conversion: the same bits for every non-NaN input
+// (checked over all 2^32), NaN through the portable path (its payload rule).
+__device__ __forceinline__ std::uint16_t half_bits_rn(float f) {
+  return isnan(f) ? float_to_half_bits(f) : __half_as_ushort(__float2half_rn(f));
+}
+
+// float_to_half_bits(hadamard_fp16_scale(s24, c)) by hardware conversions: the product rounded
+// to odd at 24 bits (truncation, then the sticky bit where it was inexact; |s24 c.m| < 2^63),
+// scaled by 2^(c.e - 24) exactly (the result is a normal float), then one rounding to fp16.
+__device__ __forceinline__ std::uint16_t hadamard_fp16_bits(long long s24, Fp16Scale c) {
+  const long long p = s24 * c.m;
+  float f = __ll2float_rz(p);
+  if (__float2ll_rz(f) != p) f = __uint_as_float(__float_as_uint(f) | 1u);
+  return __half_as_ushort(__float2half_rn(f * __uint_as_float((c.e - 24 + 127) << 23)));
+}
+
 constexpr float kInf = __builtin_huge_valf();
 
 // fp16 bits -> float by the hardware conversion (exact for every fp16 value, subnormals too).
@@ -131,13 +149,15 @@ __device__ __forceinline__ float h2f(std::uint16_t h) { return __half2float(__us
 
 // Eight-point FWHT in registers: v[k] for the channels d0 + k s (the stages h = s, 2s, 4s of the
 // full transform; integer adds are exact, so any stage order gives the same sums).
-__device__ __forceinline__ void fwht8(long long (&v)[8]) {
+// Acc long long (exact) or float (the fp32 FWHT, rounded as the CPU's stage order).
+template <typename Acc>
+__device__ __forceinline__ void fwht8(Acc (&v)[8]) {
 #pragma unroll
   for (int h = 1; h < 8; h <<= 1)
 #pragma unroll
     for (int k = 0; k < 8; ++k)
       if ((k & h) == 0) {
-        const long long x0 = v[k], x1 = v[k + h];
+        const Acc x0 = v[k], x1 = v[k + h];
         v[k] = x0 + x1;
         v[k + h] = x0 - x1;
       }
@@ -193,7 +213,7 @@ __device__ __forceinline__ void rotate_fp16_exact(const StoreArgs& a, const std:
     __syncthreads();
     auto put = [&](int d, int gl, long long s24) {
       const int g = half * GH + gl;
-      const std::uint16_t hb = float_to_half_bits(hadamard_fp16_scale(s24, a.rot_c));
+      const std::uint16_t hb = hadamard_fp16_bits(s24, a.rot_c);
       if ((hb & 0x7c00u) == 0x7c00u && a.overflow) atomicExch(a.overflow, 1);
       xh[IS_KEY ? d * LD + g : g * LD + d] = hb;
     };
@@ -245,6 +265,145 @@ struct StoreBufs {
         part(best_rr + M) {}
 };
 constexpr int kStoreVectors = 10;  // M-float vectors of StoreBufs
+
+// One VarN scale update in the log domain: the running log scale plus log(clamped std), clamped.
+__device__ __forceinline__ float next_log_scale(const StoreArgs& a, float log_t, float stdv) {
+  return clampf_ref(log_t + portable_log(clampf_ref(stdv, a.std_min, a.std_max)), a.log_min,
+                    a.log_max);
+}
+
+// VarN's imbalance from the column and row std extremes, each lane holding partial extremes.
+__device__ __forceinline__ float warp_imbalance(const StoreArgs& a, float cx, float cn, float rx,
+                                                float rn) {
+  warp_maxmin(rx, rn);
+  warp_maxmin(cx, cn);
+  return cx / fmaxf(cn, a.floor) + rx / fmaxf(rn, a.floor);
+}
+
+// Whether iteration it's imbalance is the best so far (ties go to the later iteration); the
+// first iteration only sets the reference.
+__device__ __forceinline__ bool improves(float imb, float& best, int it) {
+  if (it == 0) {
+    best = imb;
+    return false;
+  }
+  if (!(imb <= best)) return false;  // NaN is never better
+  best = imb;
+  return true;
+}
+
+// Unbiased std (reduce.hpp's order) of an N-element row held by 8 adjacent lanes, lane j holding
+// the elements j + 8k in x[k].
+template <int N, int ER>
+__device__ __forceinline__ float lanes8_std(const float (&x)[ER]) {
+  float p = 0.0f;
+#pragma unroll
+  for (int k = 0; k < ER; ++k) p += x[k];
+  const float mean = combine8_lanes(p) / static_cast<float>(N);
+  p = 0.0f;
+#pragma unroll
+  for (int k = 0; k < ER; ++k) {
+    const float dv = x[k] - mean;
+    p += dv * dv;
+  }
+  return sqrt_rn(combine8_lanes(p) / static_cast<float>(N - 1));
+}
+
+// RTN of one oriented row held by 8 lanes (lane j: the elements c = j + 8k of x / best_sc / bs,
+// xr = the row's fp16 elements + j): codes into code_row[j + 8k]. Returns the step; mn_out the
+// row minimum. min/max as the sequential std::min/std::max scan (first index among equals).
+template <int ER, bool kFast>
+__device__ __forceinline__ float rtn_row(const std::uint16_t* xr, int j, const float* best_sc,
+                                         const float* best_rc, float bs, float ybs, float qmax,
+                                         std::uint8_t* code_row, float& mn_out) {
+  float bv[ER];
+#pragma unroll
+  for (int k = 0; k < ER; ++k)
+    bv[k] = div_scale<kFast>(
+        div_scale<kFast>(h2f(xr[8 * k]), best_sc[j + 8 * k], kFast ? best_rc[j + 8 * k] : 0.0f), bs,
+        ybs);
+  float mn = bv[0], mx = bv[0];
+  int imn = j, imx = j;
+#pragma unroll
+  for (int k = 1; k < ER; ++k) {
+    if (bv[k] < mn) {
+      mn = bv[k];
+      imn = j + 8 * k;
+    }
+    if (bv[k] > mx) {
+      mx = bv[k];
+      imx = j + 8 * k;
+    }
+  }
+#pragma unroll
+  for (int o = 4; o > 0; o >>= 1) {
+    const float omn = __shfl_xor_sync(0xffffffffu, mn, o);
+    const int oimn = __shfl_xor_sync(0xffffffffu, imn, o);
+    const float omx = __shfl_xor_sync(0xffffffffu, mx, o);
+    const int oimx = __shfl_xor_sync(0xffffffffu, imx, o);
+    if (omn < mn || (omn == mn && oimn < imn)) {
+      mn = omn;
+      imn = oimn;
+    }
+    if (omx > mx || (omx == mx && oimx < imx)) {
+      mx = omx;
+      imx = oimx;
+    }
+  }
+  const float s = fmaxf((mx - mn) / qmax, 1e-10f);
+#pragma unroll
+  for (int k = 0; k < ER; ++k) {
+    float q = round_half_even((bv[k] - mn) / s);
+    q = fminf(fmaxf(q, 0.0f), qmax);
+    code_row[j + 8 * k] = static_cast<std::uint8_t>(static_cast<unsigned>(q));
+  }
+  mn_out = mn;
+  return s;
+}
+
+// The per-row fields of oriented row r: K rows are channels (s_col_k, zp_k), V rows tokens
+// (s_row_v, zp_v).
+template <bool IS_KEY>
+__device__ __forceinline__ void store_row_fields(const StoreArgs& a, std::uint8_t* rec, int r,
+                                                 float scale, float zero) {
+  const int sb = a.fp8_scales ? 1 : 2;
+  store_scale(rec + (IS_KEY ? a.s_col_k : a.s_row_v) + r * sb, scale, a.fp8_scales);
+  store_half(rec + (IS_KEY ? a.zp_k : a.zp_v) + r * 2, zero);
+}
+
+// Packs `rows` code rows (one byte per code, pitch cl) into dst, `bits` per code, buffer row l
+// to record row row0 + step * l; four bytes per store where dst and the rows allow.
+template <int T>
+__device__ __forceinline__ void pack_codes(const std::uint8_t* codes, int cl, int rows,
+                                           int row_bytes, int bits, std::uint8_t* dst, int row0,
+                                           int step) {
+  const int pf = 8 / bits;
+  const bool words = reinterpret_cast<std::uintptr_t>(dst) % 4 == 0 && row_bytes % 4 == 0;
+  const int unit = words ? 4 : 1, per_row = row_bytes / unit;
+  for (int w = threadIdx.x; w < rows * per_row; w += T) {
+    const int l = w / per_row, wb = (w % per_row) * unit;
+    const std::uint8_t* src = codes + l * cl + wb * pf;
+    unsigned word = 0;
+    for (int b = 0; b < unit; ++b) {
+      unsigned acc = 0;
+      for (int k = 0; k < pf; ++k) acc |= static_cast<unsigned>(src[b * pf + k]) << (k * bits);
+      word |= acc << (8 * b);
+    }
+    std::uint8_t* out = dst + static_cast<long long>(row0 + step * l) * row_bytes + wb;
+    if (words) {
+      *reinterpret_cast<unsigned*>(out) = word;
+    } else {
+      *out = static_cast<std::uint8_t>(word);
+    }
+  }
+}
+
+// The record of tile (blk, head).
+__device__ __forceinline__ std::uint8_t* tile_record(const StoreArgs& a, int blk, int head) {
+  return a.records +
+         ((a.dst_block ? static_cast<long long>(a.dst_block[blk]) : blk) * a.num_heads + head) *
+             a.record_bytes;
+}
 
 // Whether every division of this tile's VarN may take the divider-free path: no -0, Inf or NaN
 // in the rotated fp16 tile x and its nonzero magnitudes within [div_lo, div_hi] (all +0 is fine).
@@ -370,8 +529,7 @@ __device__ __forceinline__ void varn_rtn_pack(const StoreArgs& a,
       __syncthreads();
       // R2
       if (tid < R) {
-        log_sr_t = clampf_ref(log_sr_t + portable_log(clampf_ref(tmp_r[tid], a.std_min, a.std_max)),
-                              a.log_min, a.log_max);
+        log_sr_t = next_log_scale(a, log_sr_t, tmp_r[tid]);
         const float s = portable_exp(log_sr_t);
         sr_buf[tid] = s;
         if constexpr (kFast) bufs.rr[tid] = __frcp_rn(s);
@@ -390,17 +548,7 @@ __device__ __forceinline__ void varn_rtn_pack(const StoreArgs& a,
 #pragma unroll
           for (int k = 0; k < ER; ++k) av[ii][k] = div_scale<kFast>(av[ii][k], sn, yn);
         }
-        float p = 0.0f;
-#pragma unroll
-        for (int k = 0; k < ER; ++k) p += av[ii][k];
-        const float mean = combine8_lanes(p) / static_cast<float>(C);
-        p = 0.0f;
-#pragma unroll
-        for (int k = 0; k < ER; ++k) {
-          const float dv = av[ii][k] - mean;
-          p += dv * dv;
-        }
-        const float rs = sqrt_rn(combine8_lanes(p) / static_cast<float>(C - 1));
+        const float rs = lanes8_std<C>(av[ii]);
         rmx = fmaxf(rmx, rs);
         rmn = fminf(rmn, rs);
         float* cr = cur + r * LD + j;
@@ -447,16 +595,7 @@ __device__ __forceinline__ void varn_rtn_pack(const StoreArgs& a,
     // C2: imbalance ratio(col) + ratio(row), every warp alike; best scales; next s_col.
     float rx = lane < NW ? pr[lane * 2] : -kInf, rn = lane < NW ? pr[lane * 2 + 1] : kInf;
     float cx = lane < NW ? pr[64 + lane * 2] : -kInf, cn = lane < NW ? pr[64 + lane * 2 + 1] : kInf;
-    warp_maxmin(rx, rn);
-    warp_maxmin(cx, cn);
-    const float imb = cx / fmaxf(cn, a.floor) + rx / fmaxf(rn, a.floor);
-    bool better = false;
-    if (it == 0) {
-      best = imb;
-    } else if (imb <= best) {
-      best = imb;
-      better = true;
-    }
+    const bool better = improves(warp_imbalance(a, cx, cn, rx, rn), best, it);
     if (tid < R && better) {
       best_sr_buf[tid] = sr_buf[tid];
       if constexpr (kFast) bufs.best_rr[tid] = bufs.rr[tid];
@@ -466,8 +605,7 @@ __device__ __forceinline__ void varn_rtn_pack(const StoreArgs& a,
         best_sc_buf[tid] = sc_buf[tid];
         if constexpr (kFast) bufs.best_rc[tid] = bufs.rc[tid];
       }
-      log_sc_t = clampf_ref(log_sc_t + portable_log(clampf_ref(tmp_c[tid], a.std_min, a.std_max)),
-                            a.log_min, a.log_max);
+      log_sc_t = next_log_scale(a, log_sc_t, tmp_c[tid]);
       const float s = portable_exp(log_sc_t);  // s_col of the next iteration
       sc_buf[tid] = s;
       if constexpr (kFast) bufs.rc[tid] = __frcp_rn(s);
@@ -477,14 +615,8 @@ __device__ __forceinline__ void varn_rtn_pack(const StoreArgs& a,
 
   // ---- RTN per oriented row, pack, scale absorption ----
   const int bits = IS_KEY ? a.key_bits : a.value_bits;
-  const int pf = 8 / bits;
   const float qmax = static_cast<float>((1 << bits) - 1);
-  const int row_bytes = C / pf;
-  std::uint8_t* rec =
-      a.records +
-      ((a.dst_block ? static_cast<long long>(a.dst_block[blk]) : blk) * a.num_heads + head) *
-          a.record_bytes;
-  std::uint8_t* code_dst = rec + (IS_KEY ? a.k_codes : a.v_codes);
+  std::uint8_t* rec = tile_record(a, blk, head);
   const int sb = a.fp8_scales ? 1 : 2;
   if (tid < C)
     store_scale(rec + (IS_KEY ? a.s_row_k : a.s_col_v) + tid * sb, best_sc_buf[tid], a.fp8_scales);
@@ -494,68 +626,15 @@ __device__ __forceinline__ void varn_rtn_pack(const StoreArgs& a,
     const int item = tid + ii * T;
     if (item < R * 8) {
       const int r = item >> 3;
-      const std::uint16_t* xr = xh + r * LD + j;
-      const float bs = best_sr_buf[r], ybs = rcp(bufs.best_rr, r);
-      float bv[ER];
-#pragma unroll
-      for (int k = 0; k < ER; ++k)
-        bv[k] = div_scale<kFast>(
-            div_scale<kFast>(h2f(xr[8 * k]), best_sc_buf[j + 8 * k], rcp(bufs.best_rc, j + 8 * k)),
-            bs, ybs);
-      // min/max as the sequential std::min/std::max scan: the first index among equal values
-      float mn = bv[0], mx = bv[0];
-      int imn = j, imx = j;
-#pragma unroll
-      for (int k = 1; k < ER; ++k) {
-        if (bv[k] < mn) {
-          mn = bv[k];
-          imn = j + 8 * k;
-        }
-        if (bv[k] > mx) {
-          mx = bv[k];
-          imx = j + 8 * k;
-        }
-      }
-#pragma unroll
-      for (int o = 4; o > 0; o >>= 1) {
-        const float omn = __shfl_xor_sync(0xffffffffu, mn, o);
-        const int oimn = __shfl_xor_sync(0xffffffffu, imn, o);
-        const float omx = __shfl_xor_sync(0xffffffffu, mx, o);
-        const int oimx = __shfl_xor_sync(0xffffffffu, imx, o);
-        if (omn < mn || (omn == mn && oimn < imn)) {
-          mn = omn;
-          imn = oimn;
-        }
-        if (omx > mx || (omx == mx && oimx < imx)) {
-          mx = omx;
-          imx = oimx;
-        }
-      }
-      const float s = fmaxf((mx - mn) / qmax, 1e-10f);
-#pragma unroll
-      for (int k = 0; k < ER; ++k) {
-        float q = round_half_even((bv[k] - mn) / s);
-        q = fminf(fmaxf(q, 0.0f), qmax);
-        codes[r * CL + j + 8 * k] = static_cast<std::uint8_t>(static_cast<unsigned>(q));
-      }
-      if (j == 0) {
-        if (IS_KEY) {  // rows = channels
-          store_scale(rec + a.s_col_k + r * sb, bs * s, a.fp8_scales);
-          store_half(rec + a.zp_k + r * 2, bs * mn);
-        } else {  // rows = tokens
-          store_scale(rec + a.s_row_v + r * sb, bs * s, a.fp8_scales);
-          store_half(rec + a.zp_v + r * 2, bs * mn);
-        }
-      }
+      const float bs = best_sr_buf[r];
+      float mn;
+      const float s = rtn_row<ER, kFast>(xh + r * LD + j, j, best_sc_buf, bufs.best_rc, bs,
+                                         rcp(bufs.best_rr, r), qmax, codes + r * CL, mn);
+      if (j == 0) store_row_fields<IS_KEY>(a, rec, r, bs * s, bs * mn);
     }
   }
   __syncthreads();
-  for (int b = tid; b < R * row_bytes; b += T) {
-    const int r = b / row_bytes, c0 = (b % row_bytes) * pf;
-    unsigned acc = 0;
-    for (int k = 0; k < pf; ++k) acc |= static_cast<unsigned>(codes[r * CL + c0 + k]) << (k * bits);
-    code_dst[b] = static_cast<std::uint8_t>(acc);
-  }
+  pack_codes<T>(codes, CL, R, C / (8 / bits), bits, rec + (IS_KEY ? a.k_codes : a.v_codes), 0, 1);
   if (!IS_KEY) {
     for (long long i = a.end + tid; i < a.record_bytes; i += T) rec[i] = 0;
   }
@@ -620,7 +699,7 @@ __device__ __forceinline__ void store_stream(const StoreArgs& a, float* smem) {
     for (int i = tid; i < R * C; i += T) {
       const int r = i / C, c = i % C;
       const float v = cur[r * LD + c];
-      const std::uint16_t hb = float_to_half_bits(a.hadamard ? v * a.rot_scale : v);
+      const std::uint16_t hb = half_bits_rn(a.hadamard ? v * a.rot_scale : v);
       if ((hb & 0x7c00u) == 0x7c00u && a.overflow) atomicExch(a.overflow, 1);
       xh[r * LD + c] = hb;
     }

@@ -39,12 +39,16 @@ void add_zeros(std::vector<std::uint16_t>& rows, std::size_t row_elems) {
   }
 }
 
-// Runs the store on rows [blocks, G, heads, D] (fp16 bits; each token row padded by `pad`
+const char* store_kernel_name(cuda::StoreKernel k) {
+  return k == cuda::StoreKernel::kTile ? "tile kernel" : "cluster kernel";
+}
+
+// Runs one store kernel on rows [blocks, G, heads, D] (fp16 bits; each token row padded by `pad`
 // elements, so pad % 8 != 0 takes the store's unaligned row loads) and counts tiles whose record
 // bytes differ from kvarn_encode_record (printing the differing byte count).
-std::size_t store_mismatched_tiles(const KvarnConfig& cfg, int d, int g, int heads, int blocks,
-                                   const std::vector<std::uint16_t>& k,
-                                   const std::vector<std::uint16_t>& v, int pad = 0) {
+std::size_t kernel_mismatched_tiles(cuda::StoreKernel kernel, const KvarnConfig& cfg, int d, int g,
+                                    int heads, int blocks, const std::vector<std::uint16_t>& k,
+                                    const std::vector<std::uint16_t>& v, int pad) {
   const KvarnRecordLayout lay = kvarn_record_layout(d, cfg);
   DeviceBuffer<std::uint16_t> dk(k), dv(v);
   DeviceBuffer<std::uint8_t> rec(static_cast<std::size_t>(blocks) * heads * lay.aligned);
@@ -60,6 +64,7 @@ std::size_t store_mismatched_tiles(const KvarnConfig& cfg, int d, int g, int hea
   t.block_stride = static_cast<long long>(g) * t.row_stride;
   t.records = rec.get();
   t.overflow = overflow.get();
+  t.kernel = kernel;
   cuda::kvarn_store(cfg, d, t);
   KVARN_CUDA_CHECK(cudaDeviceSynchronize());
   const auto got = rec.download();
@@ -85,8 +90,20 @@ std::size_t store_mismatched_tiles(const KvarnConfig& cfg, int d, int g, int hea
       bad_tiles += diff != 0;
     }
   }
-  if (bad_tiles) ADD_FAILURE() << bad_bytes << " differing bytes of " << got.size();
+  if (bad_tiles)
+    ADD_FAILURE() << store_kernel_name(kernel) << ": " << bad_bytes << " differing bytes of "
+                  << got.size();
   return bad_tiles;
+}
+
+// Both store kernels (one CTA per tile stream, and a cluster of 8 CTAs per tile stream).
+std::size_t store_mismatched_tiles(const KvarnConfig& cfg, int d, int g, int heads, int blocks,
+                                   const std::vector<std::uint16_t>& k,
+                                   const std::vector<std::uint16_t>& v, int pad = 0) {
+  std::size_t bad = 0;
+  for (auto kernel : {cuda::StoreKernel::kTile, cuda::StoreKernel::kCluster})
+    bad += kernel_mismatched_tiles(kernel, cfg, d, g, heads, blocks, k, v, pad);
+  return bad;
 }
 
 struct StoreCase {
@@ -208,34 +225,37 @@ TEST(CudaStore, Fp16LimitTilesSetTheOverflowFlag) {
   const int d = 128, g = 128;
   std::vector<std::uint16_t> rows(static_cast<std::size_t>(g) * d, float_to_half_bits(65504.0f));
   rows[3 * d + 5] = float_to_half_bits(-65504.0f);
-  for (auto rot : {RotationKind::kHadamardFp16, RotationKind::kHadamard, RotationKind::kNone}) {
-    KvarnConfig cfg;
-    cfg.rotation = rot;
-    const KvarnRecordLayout lay = kvarn_record_layout(d, cfg);
-    DeviceBuffer<std::uint16_t> dk(rows), dv(rows);
-    DeviceBuffer<std::uint8_t> rec(lay.aligned);
-    DeviceBuffer<int> overflow(std::vector<int>{0});
-    cuda::StoreTiles t;
-    t.k = dk.get();
-    t.v = dv.get();
-    t.num_tiles = 1;
-    t.row_stride = d;
-    t.head_stride = d;
-    t.block_stride = static_cast<long long>(g) * d;
-    t.records = rec.get();
-    t.overflow = overflow.get();
-    cuda::kvarn_store(cfg, d, t);
-    KVARN_CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_EQ(overflow.download()[0], rot == RotationKind::kNone ? 0 : 1) << to_string(rot);
-    const Rotation r(rot, d);
-    std::vector<float> x(rows.size());
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = half_bits_to_float(rows[i]);
-    if (rot == RotationKind::kNone) {
-      EXPECT_NO_THROW(kvarn_encode_record(cfg, r, x.data(), x.data()));
-    } else {
-      EXPECT_THROW(kvarn_encode_record(cfg, r, x.data(), x.data()), Error);
+  for (auto kernel : {cuda::StoreKernel::kTile, cuda::StoreKernel::kCluster})
+    for (auto rot : {RotationKind::kHadamardFp16, RotationKind::kHadamard, RotationKind::kNone}) {
+      KvarnConfig cfg;
+      cfg.rotation = rot;
+      const KvarnRecordLayout lay = kvarn_record_layout(d, cfg);
+      DeviceBuffer<std::uint16_t> dk(rows), dv(rows);
+      DeviceBuffer<std::uint8_t> rec(lay.aligned);
+      DeviceBuffer<int> overflow(std::vector<int>{0});
+      cuda::StoreTiles t;
+      t.k = dk.get();
+      t.v = dv.get();
+      t.num_tiles = 1;
+      t.row_stride = d;
+      t.head_stride = d;
+      t.block_stride = static_cast<long long>(g) * d;
+      t.records = rec.get();
+      t.overflow = overflow.get();
+      t.kernel = kernel;
+      cuda::kvarn_store(cfg, d, t);
+      KVARN_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(overflow.download()[0], rot == RotationKind::kNone ? 0 : 1)
+          << to_string(rot) << " " << store_kernel_name(kernel);
+      const Rotation r(rot, d);
+      std::vector<float> x(rows.size());
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = half_bits_to_float(rows[i]);
+      if (rot == RotationKind::kNone) {
+        EXPECT_NO_THROW(kvarn_encode_record(cfg, r, x.data(), x.data()));
+      } else {
+        EXPECT_THROW(kvarn_encode_record(cfg, r, x.data(), x.data()), Error);
+      }
     }
-  }
 }
 
 class CudaAppend : public ::testing::TestWithParam<RotationKind> {};

@@ -20,6 +20,10 @@ namespace kvarn::cuda {
 int device_count();
 
 // ---- KVarN store: quantize full tiles into records ----
+// The store kernel: one CTA per tile and K or V (kTile), or each of those spread over a cluster
+// of 8 CTAs (kCluster); both write the same bytes. kAuto picks by the number of tiles.
+enum class StoreKernel { kAuto, kTile, kCluster };
+
 struct StoreTiles {
   const std::uint16_t* k = nullptr;  // fp16 rows, see cuda/src/store.cuh for the strides
   const std::uint16_t* v = nullptr;
@@ -30,6 +34,7 @@ struct StoreTiles {
   std::uint8_t* records = nullptr;  // [num_blocks, num_heads, record_bytes]
   int* overflow = nullptr;  // optional device int, set to 1 when a rotated value is beyond the
                             // fp16 range (the CPU reference rejects such tiles)
+  StoreKernel kernel = StoreKernel::kAuto;
 };
 // Throws unless the config is supported on the GPU (Hadamard power-of-two or no rotation,
 // D in {64, 128}, G in {32, 64, 128, 256}, quantile 0).

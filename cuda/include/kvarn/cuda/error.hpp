@@ -12,6 +12,8 @@ namespace kvarn::cuda {
 
 // The current device (0 where it cannot be asked), for per-device caches.
 int current_device();
+// Multiprocessors of the current device (132 where it cannot be asked), cached per device.
+int sm_count();
 
 }  // namespace kvarn::cuda
 
