@@ -34,10 +34,11 @@ void check_config(const KvarnConfig& cfg, int head_dim) {
 }
 
 // The cluster kernel spreads a tile stream's latency over 8 SMs and wins while the launch leaves
-// the SMs mostly idle: at most 4 of its CTAs per SM (on the H200 at D 128 / G 128 it was faster
-// up to 32 tiles, 72.5 against 81.6 us, and slower from 48, 122 against 81 us).
+// the SMs mostly idle: at most 5 of its CTAs per SM. On the H200 at D 128 / G 128 (one launch,
+// events around it) it took 47 / 66 / 79 / 87 us at 8 / 32 / 40 / 48 tiles, the one-CTA kernel
+// 82 us at each.
 bool use_cluster_store(int num_tiles) {
-  return static_cast<long long>(num_tiles) * 2 * kStoreClusterSize <= 4LL * sm_count();
+  return static_cast<long long>(num_tiles) * 2 * kStoreClusterSize <= 5LL * sm_count();
 }
 
 void launch_store(void (*kernel)(StoreArgs), dim3 grid, int threads, int smem, const StoreArgs& a,

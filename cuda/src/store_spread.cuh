@@ -7,12 +7,13 @@
 //   make partial m of every column statistic (reduce.hpp: lane m sums the elements i = m (mod 8)
 //   in increasing i), so each CTA forms its partial of all C columns alone, thread c walking its
 //   column, and the 8 partials meet in every CTA's shared memory (distributed shared memory,
-//   one cluster barrier) for combine8's fixed tree. Row statistics never leave their CTA.
+//   one exchange round) for combine8's fixed tree. Row statistics never leave their CTA.
 //   Per VarN iteration: R1-R3 as store.cuh with rows local, a row's scale in the registers of
-//   its 8 lanes (each runs the same log / exp, no barrier) | column sums -> cluster exchange |
-//   column means, squared deviations -> cluster exchange | column stds and the next s_col of
-//   every column (each CTA computes all C, bit for bit alike) | imbalance from the exchanged row
-//   std extremes. Two cluster barriers and two CTA barriers per iteration.
+//   its 8 lanes (each runs the same log / exp, no barrier) | column sums -> exchange |
+//   column means, squared deviations -> exchange | column stds and the next s_col of every
+//   column (each CTA computes all C, bit for bit alike) | imbalance from the exchanged row std
+//   extremes. An exchange round is st.async stores into every CTA that complete on the
+//   receiver's mbarrier (no cluster barrier); two rounds and two CTA barriers per iteration.
 //   Rotation: CTA m rotates the tokens g = m + 8 i, 8 lanes per token, lane j holding the D / 64
 //   groups of 8 channels 8 (NG j + b) + i: FWHT stages 1-4 in registers, stage 8 across the
 //   lane's two groups (D 128), the rest across the 8 lanes by xor shuffles. That is the full
@@ -73,6 +74,33 @@ __device__ __forceinline__ void broadcast(cg::cluster_group& cluster, V* buf, in
 #pragma unroll
   for (int q = 0; q < kStoreClusterSize; ++q) cluster.map_shared_rank(buf, q)[i] = v;
 }
+
+// A buffer that every CTA of the cluster fills in every CTA's shared memory: pushes are st.async
+// stores that complete on the receiver's mbarrier, which expects the bytes of one round (one
+// expect_tx arrival per round), so a round costs one trip of the data, no cluster barrier.
+struct Exchange {
+  std::uint64_t* bar;
+  // v to element i of buf in every CTA (buf: this CTA's copy).
+  __device__ __forceinline__ void push(float* buf, int i, float v) const {
+    const unsigned addr = smem_addr(buf + i), b = smem_addr(bar);
+#pragma unroll
+    for (int q = 0; q < kStoreClusterSize; ++q) {
+      unsigned ra, rb;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(addr), "r"(q));
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rb) : "r"(b), "r"(q));
+      asm volatile(
+          "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(ra),
+          "r"(__float_as_uint(v)), "r"(rb)
+          : "memory");
+    }
+  }
+  // Thread 0, once per round before waiting: the bytes this CTA receives in the round.
+  __device__ __forceinline__ void expect(unsigned bytes) const {
+    mbar_arrive_expect_tx(bar, bytes);
+  }
+  // Every thread: round `round` complete (its bytes visible).
+  __device__ __forceinline__ void wait(int round) const { mbar_wait(bar, round & 1); }
+};
 
 template <typename Acc>
 __device__ __forceinline__ Acc load_acc(std::uint16_t h) {
@@ -279,9 +307,10 @@ __device__ __forceinline__ float combine8_col(const float* parts, int c) {
 }
 
 // Column c's std over the whole tile (thread c; every CTA gets the same value): this CTA's
-// partials (its rows, in increasing row order) meet the others' in two exchanges.
+// partials (its rows, in increasing row order) meet the others' in two exchange rounds, `sums`
+// (which also carries the row std extremes) and `vars`.
 template <int R, int C, int T>
-__device__ __forceinline__ float spread_col_std(cg::cluster_group& cluster,
+__device__ __forceinline__ float spread_col_std(const Exchange& sums, const Exchange& vars, int it,
                                                 const SpreadBufs<R, C, T>& b, int m) {
   constexpr int RL = R / kStoreClusterSize, LD = C + 8;
   const int c = threadIdx.x;
@@ -289,9 +318,9 @@ __device__ __forceinline__ float spread_col_std(cg::cluster_group& cluster,
   if (c < C) {
 #pragma unroll 4
     for (int l = 0; l < RL; ++l) p += b.cur[l * LD + c];
-    broadcast(cluster, b.col_sum, m * C + c, p);
+    sums.push(b.col_sum, m * C + c, p);
   }
-  cluster_sync();
+  sums.wait(it);
   if (c < C) {
     const float mean = combine8_col<C>(b.col_sum, c) / static_cast<float>(R);
     p = 0.0f;
@@ -300,9 +329,9 @@ __device__ __forceinline__ float spread_col_std(cg::cluster_group& cluster,
       const float dv = b.cur[l * LD + c] - mean;
       p += dv * dv;
     }
-    broadcast(cluster, b.col_var, m * C + c, p);
+    vars.push(b.col_var, m * C + c, p);
   }
-  cluster_sync();
+  vars.wait(it);
   return c < C ? sqrt_rn(combine8_col<C>(b.col_var, c) / static_cast<float>(R - 1)) : 0.0f;
 }
 
@@ -310,7 +339,8 @@ __device__ __forceinline__ float spread_col_std(cg::cluster_group& cluster,
 // lives in the registers of its 8 lanes (each computes the same log / exp), a column's in
 // thread c's, which also publishes it to shared memory for the row passes.
 template <int R, int C, bool IS_KEY, int T, bool kFast>
-__device__ __forceinline__ void spread_varn_rtn_pack(const StoreArgs& a, cg::cluster_group& cluster,
+__device__ __forceinline__ void spread_varn_rtn_pack(const StoreArgs& a, const Exchange& sums,
+                                                     const Exchange& vars,
                                                      const SpreadBufs<R, C, T>& b, int m, int blk,
                                                      int head) {
   constexpr int RL = R / kStoreClusterSize, LD = C + 8, CL = C + 16, ER = C / 8, NW = T / 32;
@@ -325,6 +355,11 @@ __device__ __forceinline__ void spread_varn_rtn_pack(const StoreArgs& a, cg::clu
   __syncthreads();
   float best = 0.0f;
   for (int it = 0; it <= a.iters; ++it) {
+    if (tid == 0) {  // the two rounds of this iteration (the last ones have completed)
+      sums.expect(4 * kStoreClusterSize * (C + 2 * NW));
+      vars.expect(4 * kStoreClusterSize * C);
+    }
+    // double buffered: a fast CTA sends the next iteration's extremes before this one reads them
     float* row_ext = b.row_ext + (it & 1) * kStoreClusterSize * NW * 2;
     float rmx = -kInf, rmn = kInf;
     if (has_row) {
@@ -351,9 +386,9 @@ __device__ __forceinline__ void spread_varn_rtn_pack(const StoreArgs& a, cg::clu
       for (int k = 0; k < ER; ++k) b.cur[l * LD + j + 8 * k] = av[k];
     }
     warp_maxmin<8>(rmx, rmn);
-    if (lane < 2) broadcast(cluster, row_ext, (m * NW + warp) * 2 + lane, lane ? rmn : rmx);
+    if (lane < 2) sums.push(row_ext, (m * NW + warp) * 2 + lane, lane ? rmn : rmx);
     __syncthreads();
-    const float cs = spread_col_std(cluster, b, m);  // C1, two cluster barriers
+    const float cs = spread_col_std(sums, vars, it, b, m);  // C1, two exchange rounds
     float cmx = tid < C ? cs : -kInf, cmn = tid < C ? cs : kInf;
     warp_maxmin(cmx, cmn);
     if (lane == 0) {
@@ -418,11 +453,16 @@ __device__ __forceinline__ void spread_varn_rtn_pack(const StoreArgs& a, cg::clu
 template <int D, int G, int R, int C, bool IS_KEY, int T>
 __device__ __forceinline__ void spread_stream(const StoreArgs& a, float* smem) {
   constexpr int LD = C + 8;
-  // Every CTA of the cluster must run before the first remote store (spread_rotate waits).
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
   cg::cluster_group cluster = cg::this_cluster();
   const SpreadBufs<R, C, T> b(smem);
   __shared__ unsigned warp_mag[3 * (T / 32)];
+  __shared__ std::uint64_t bars[2];  // the column-sum and column-variance exchanges
+  if (threadIdx.x == 0) {  // before this thread's cluster arrival: remote pushes find them
+    mbar_init(&bars[0], 1);
+    mbar_init(&bars[1], 1);
+  }
+  // Every CTA of the cluster must run before the first remote store (spread_rotate waits).
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
   const int m = static_cast<int>(cluster.block_rank());
   const int tile = blockIdx.x / kStoreClusterSize;
   const int blk = tile / a.num_heads, head = tile % a.num_heads;
@@ -430,10 +470,11 @@ __device__ __forceinline__ void spread_stream(const StoreArgs& a, float* smem) {
   const Magnitudes mg = a.hadamard == 2
                             ? spread_rotate<D, G, IS_KEY, T, LD, long long>(a, cluster, in, m, b.xh)
                             : spread_rotate<D, G, IS_KEY, T, LD, float>(a, cluster, in, m, b.xh);
+  const Exchange sums{&bars[0]}, vars{&bars[1]};
   if (spread_divides_fast<T>(a, cluster, mg, b.mag, warp_mag, m)) {
-    spread_varn_rtn_pack<R, C, IS_KEY, T, true>(a, cluster, b, m, blk, head);
+    spread_varn_rtn_pack<R, C, IS_KEY, T, true>(a, sums, vars, b, m, blk, head);
   } else {
-    spread_varn_rtn_pack<R, C, IS_KEY, T, false>(a, cluster, b, m, blk, head);
+    spread_varn_rtn_pack<R, C, IS_KEY, T, false>(a, sums, vars, b, m, blk, head);
   }
 }
 
