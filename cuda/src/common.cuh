@@ -122,16 +122,28 @@ __device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, unsi
       "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
 }
-// Waits until the phase of parity `parity` of bar has completed.
+// Waits until the phase of parity `parity` of bar has completed. kCluster: acquire at cluster
+// scope, for bytes that other CTAs of the cluster stored with st.async (their completion is a
+// release at cluster scope); else the default CTA scope (the bulk copies).
+template <bool kCluster = false>
 __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
   unsigned done = 0;
   do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
+    if constexpr (kCluster) {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
+          "%2;\n selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(smem_addr(bar)), "r"(parity)
+          : "memory");
+    } else {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+          " selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(smem_addr(bar)), "r"(parity)
+          : "memory");
+    }
   } while (!done);
 }
 

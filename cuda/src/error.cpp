@@ -1,6 +1,7 @@
 #include "kvarn/cuda/error.hpp"
 
 #include <map>
+#include <utility>
 
 #include "kvarn/data/error.hpp"
 
@@ -24,20 +25,26 @@ int current_device() {
   return dev;
 }
 
-// Multiprocessors of the current device (132 where it cannot be asked), per device.
-int sm_count() {
-  static thread_local std::map<int, int> per_device;
-  const int dev = current_device();
-  auto it = per_device.find(dev);
-  if (it == per_device.end()) {
-    int n = 132;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+namespace {
+// An attribute of the current device (fallback where it cannot be asked), cached per device.
+int device_attribute(cudaDeviceAttr attr, int fallback) {
+  static thread_local std::map<std::pair<int, int>, int> cache;
+  const std::pair<int, int> key{current_device(), static_cast<int>(attr)};
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    int v = fallback;
+    if (cudaDeviceGetAttribute(&v, attr, key.first) != cudaSuccess) {
       (void)cudaGetLastError();
-      n = 132;
+      v = fallback;
     }
-    it = per_device.emplace(dev, n).first;
+    it = cache.emplace(key, v).first;
   }
   return it->second;
 }
+}  // namespace
+
+int sm_count() { return device_attribute(cudaDevAttrMultiProcessorCount, 132); }
+
+bool cluster_launch_supported() { return device_attribute(cudaDevAttrClusterLaunch, 0) != 0; }
 
 }  // namespace kvarn::cuda

@@ -1,6 +1,7 @@
 // KVarN store and append launchers. Compiled with --fmad=false (bit-identity with the CPU).
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "kvarn/core/hadamard_fp16.hpp"
 #include "kvarn/core/kvarn.hpp"
@@ -38,7 +39,8 @@ void check_config(const KvarnConfig& cfg, int head_dim) {
 // events around it) it took 47 / 66 / 79 / 87 us at 8 / 32 / 40 / 48 tiles, the one-CTA kernel
 // 82 us at each.
 bool use_cluster_store(int num_tiles) {
-  return static_cast<long long>(num_tiles) * 2 * kStoreClusterSize <= 5LL * sm_count();
+  return static_cast<long long>(num_tiles) * 2 * kStoreClusterSize <= 5LL * sm_count() &&
+         cluster_launch_supported();
 }
 
 void launch_store(void (*kernel)(StoreArgs), dim3 grid, int threads, int smem, const StoreArgs& a,
@@ -102,6 +104,8 @@ void kvarn_store(const KvarnConfig& cfg, int head_dim, const StoreTiles& t, cuda
   a.end = static_cast<int>(lay.end);
   const bool cluster = t.kernel == StoreKernel::kCluster ||
                        (t.kernel == StoreKernel::kAuto && use_cluster_store(t.num_tiles));
+  KVARN_CHECK(!cluster || t.num_tiles <= std::numeric_limits<int>::max() / kStoreClusterSize,
+              "kvarn_store: ", t.num_tiles, " tiles exceed the cluster kernel's grid");
   DISPATCH_HEAD_DIM(
       head_dim, kD, {DISPATCH_GROUP_STORE(cfg.group, kG, {
         if (cluster) {

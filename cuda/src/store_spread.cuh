@@ -99,7 +99,7 @@ struct Exchange {
     mbar_arrive_expect_tx(bar, bytes);
   }
   // Every thread: round `round` complete (its bytes visible).
-  __device__ __forceinline__ void wait(int round) const { mbar_wait(bar, round & 1); }
+  __device__ __forceinline__ void wait(int round) const { mbar_wait<true>(bar, round & 1); }
 };
 
 template <typename Acc>

@@ -40,17 +40,24 @@ void add_zeros(std::vector<std::uint16_t>& rows, std::size_t row_elems) {
 }
 
 const char* store_kernel_name(cuda::StoreKernel k) {
-  return k == cuda::StoreKernel::kTile ? "tile kernel" : "cluster kernel";
+  return k == cuda::StoreKernel::kTile      ? "tile kernel"
+         : k == cuda::StoreKernel::kCluster ? "cluster kernel"
+                                            : "automatic kernel choice";
 }
 
 // Runs one store kernel on rows [blocks, G, heads, D] (fp16 bits; each token row padded by `pad`
 // elements, so pad % 8 != 0 takes the store's unaligned row loads) and counts tiles whose record
-// bytes differ from kvarn_encode_record (printing the differing byte count).
-std::size_t kernel_mismatched_tiles(cuda::StoreKernel kernel, const KvarnConfig& cfg, int d, int g,
-                                    int heads, int blocks, const std::vector<std::uint16_t>& k,
+// bytes differ from kvarn_encode_record (printing the differing byte count). `reversed`: input
+// block b goes to cache block blocks - 1 - b (dst_block), else to block b (no table).
+std::size_t kernel_mismatched_tiles(cuda::StoreKernel kernel, bool reversed, const KvarnConfig& cfg,
+                                    int d, int g, int heads, int blocks,
+                                    const std::vector<std::uint16_t>& k,
                                     const std::vector<std::uint16_t>& v, int pad) {
   const KvarnRecordLayout lay = kvarn_record_layout(d, cfg);
   DeviceBuffer<std::uint16_t> dk(k), dv(v);
+  std::vector<int> dst(static_cast<std::size_t>(blocks));
+  for (int b = 0; b < blocks; ++b) dst[static_cast<std::size_t>(b)] = blocks - 1 - b;
+  DeviceBuffer<int> ddst(dst);
   DeviceBuffer<std::uint8_t> rec(static_cast<std::size_t>(blocks) * heads * lay.aligned);
   DeviceBuffer<int> overflow(std::vector<int>{0});
   rec.fill_bytes(0xA5);  // poison: every byte must be written
@@ -65,6 +72,7 @@ std::size_t kernel_mismatched_tiles(cuda::StoreKernel kernel, const KvarnConfig&
   t.records = rec.get();
   t.overflow = overflow.get();
   t.kernel = kernel;
+  if (reversed) t.dst_block = ddst.get();
   cuda::kvarn_store(cfg, d, t);
   KVARN_CUDA_CHECK(cudaDeviceSynchronize());
   const auto got = rec.download();
@@ -82,8 +90,9 @@ std::size_t kernel_mismatched_tiles(cuda::StoreKernel kernel, const KvarnConfig&
           vr[static_cast<std::size_t>(r) * d + x] = half_bits_to_float(v[src]);
         }
       const auto want = kvarn_encode_record(cfg, rot, kr.data(), vr.data());
+      const int cache_block = reversed ? blocks - 1 - bl : bl;
       const std::uint8_t* g0 =
-          got.data() + (static_cast<std::size_t>(bl) * heads + h) * lay.aligned;
+          got.data() + (static_cast<std::size_t>(cache_block) * heads + h) * lay.aligned;
       std::size_t diff = 0;
       for (std::size_t i = 0; i < lay.aligned; ++i) diff += g0[i] != want[i];
       bad_bytes += diff;
@@ -91,18 +100,22 @@ std::size_t kernel_mismatched_tiles(cuda::StoreKernel kernel, const KvarnConfig&
     }
   }
   if (bad_tiles)
-    ADD_FAILURE() << store_kernel_name(kernel) << ": " << bad_bytes << " differing bytes of "
-                  << got.size();
+    ADD_FAILURE() << store_kernel_name(kernel) << (reversed ? " (reversed blocks)" : "") << ": "
+                  << bad_bytes << " differing bytes of " << got.size();
   return bad_tiles;
 }
 
-// Both store kernels (one CTA per tile stream, and a cluster of 8 CTAs per tile stream).
+// Both store kernels (one CTA per tile stream, and a cluster of 8 CTAs per tile stream), with
+// and without a block table, and kvarn_store's own choice.
 std::size_t store_mismatched_tiles(const KvarnConfig& cfg, int d, int g, int heads, int blocks,
                                    const std::vector<std::uint16_t>& k,
                                    const std::vector<std::uint16_t>& v, int pad = 0) {
   std::size_t bad = 0;
   for (auto kernel : {cuda::StoreKernel::kTile, cuda::StoreKernel::kCluster})
-    bad += kernel_mismatched_tiles(kernel, cfg, d, g, heads, blocks, k, v, pad);
+    for (bool reversed : {false, true})
+      bad += kernel_mismatched_tiles(kernel, reversed, cfg, d, g, heads, blocks, k, v, pad);
+  bad +=
+      kernel_mismatched_tiles(cuda::StoreKernel::kAuto, false, cfg, d, g, heads, blocks, k, v, pad);
   return bad;
 }
 
@@ -114,6 +127,7 @@ struct StoreCase {
   bool zeros = false;
   float log_max = VarnParams{}.log_max;  // 45: scales beyond 2^60, the store divides by the divider
   int pad = 0;  // elements after each token row (4: rows not 16-byte aligned)
+  int blocks = 3;  // of 2 heads: 3 (6 tiles) or many (the cluster kernel's CTAs in several waves)
 };
 
 std::string case_name(const StoreCase& c) {
@@ -124,7 +138,8 @@ std::string case_name(const StoreCase& c) {
                                            : "")
     << "_it" << c.iters << (c.zeros ? "_zeros" : "")
     << (c.log_max != VarnParams{}.log_max ? "_divider" : "")
-    << (c.pad ? "_pad" + std::to_string(c.pad) : "");
+    << (c.pad ? "_pad" + std::to_string(c.pad) : "")
+    << (c.blocks != 3 ? "_b" + std::to_string(c.blocks) : "");
   return o.str();
 }
 
@@ -141,7 +156,7 @@ TEST_P(StoreBitIdentity, RecordBytesMatchCpu) {
   cfg.varn.iters = c.iters;
   cfg.varn.log_max = c.log_max;
   cfg.scales = c.fp8 ? ScaleStorage::kFp8E4M3 : ScaleStorage::kFp16;
-  const int d = c.d, g = c.g, heads = 2, blocks = 3;
+  const int d = c.d, g = c.g, heads = 2, blocks = c.blocks;
   Rng rng(1234 + c.kb * 100 + c.vb * 10 + g + d);
   // input layout [blocks, G, heads, D] (+ pad per token row: heads * D + pad as heads * 1 "head"
   // rows of make_rows, the pad elements random and never read)
@@ -162,6 +177,15 @@ std::vector<StoreCase> store_cases() {
   v.push_back({4, 2, 128, 128, true});
   v.push_back({4, 2, 128, 128, false, RotationKind::kNone});
   v.push_back({1, 5, 64, 128});
+  v.push_back({6, 7, 128, 128});
+  v.push_back({7, 3, 64, 64});
+  v.push_back({5, 6, 32, 128});
+  // 192 tiles: 3,072 cluster CTAs in several waves, 20 iterations (CTAs of a cluster out of step)
+  {
+    StoreCase many{4, 2, 128, 128, false, RotationKind::kHadamardFp16, 20};
+    many.blocks = 96;
+    v.push_back(many);
+  }
   v.push_back({4, 2, 128, 128, false, RotationKind::kHadamardFp16, 0});
   v.push_back({4, 2, 128, 128, false, RotationKind::kHadamardFp16, 20});
   v.push_back({4, 2, 128, 128, false, RotationKind::kHadamardFp16, 8, true});

@@ -14,6 +14,8 @@ namespace kvarn::cuda {
 int current_device();
 // Multiprocessors of the current device (132 where it cannot be asked), cached per device.
 int sm_count();
+// Whether the current device launches thread-block clusters (sm_90+), cached per device.
+bool cluster_launch_supported();
 
 }  // namespace kvarn::cuda
 
