@@ -163,6 +163,56 @@ __device__ __forceinline__ void fwht8(Acc (&v)[8]) {
       }
 }
 
+// The 8 fp16 channels at src: one 16-byte load where the host checked the alignment of every
+// row group (rows_16b), else element loads.
+__device__ __forceinline__ void load8_halves(const StoreArgs& a, const std::uint16_t* src,
+                                             std::uint16_t (&xs)[8]) {
+  if (a.rows_16b) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(src);
+    const std::uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int k = 0; k < 8; ++k) xs[k] = static_cast<std::uint16_t>(w[k / 2] >> (16 * (k % 2)));
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) xs[k] = src[k];
+  }
+}
+
+// The magnitudes of the rotated tile that decide the divider-free path: min nonzero |x| bits,
+// max |x| bits, whether a -0, Inf or NaN was seen.
+struct Magnitudes {
+  unsigned lo = 0xffffu, hi = 0, bad = 0;
+  __device__ void add(std::uint16_t h) {
+    const unsigned mg = h & 0x7fffu;
+    bad |= (h == 0x8000u || mg >= 0x7c00u) ? 1u : 0u;
+    hi = max(hi, mg);
+    lo = min(lo, mg == 0 ? 0xffffu : mg);
+  }
+  __device__ void add(const Magnitudes& o) {
+    lo = min(lo, o.lo);
+    hi = max(hi, o.hi);
+    bad |= o.bad;
+  }
+  // over the warp, every lane ends with the warp's magnitudes
+  __device__ void warp_reduce() {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      Magnitudes other;
+      other.lo = __shfl_xor_sync(0xffffffffu, lo, o);
+      other.hi = __shfl_xor_sync(0xffffffffu, hi, o);
+      other.bad = __shfl_xor_sync(0xffffffffu, bad, o);
+      add(other);
+    }
+  }
+  // varn_division_bounds: no -0, Inf or NaN, nonzero magnitudes within [div_lo, div_hi]
+  __device__ bool divides_fast(const StoreArgs& a) const {
+    if (bad != 0) return false;
+    if (hi == 0) return true;
+    return static_cast<double>(h2f(static_cast<std::uint16_t>(lo))) >= a.div_lo &&
+           static_cast<double>(h2f(static_cast<std::uint16_t>(hi))) <= a.div_hi;
+  }
+};
+
 // The published fp16 rotation of one oriented tile into x (fp16 bits, pitch LD), exactly as
 // Rotation(kHadamardFp16), half the tile's tokens at a time: acc holds D x G/2 int64 (token-half
 // h: acc[d * G/2 + g - h * G/2]). The FWHT along d in three passes of register butterflies: the
@@ -180,15 +230,7 @@ __device__ __forceinline__ void rotate_fp16_exact(const StoreArgs& a, const std:
       const int gl = it % GH, d0 = 8 * (it / GH);
       const std::uint16_t* src = in + (half * GH + gl) * a.row_stride + d0;
       std::uint16_t xs[8];
-      if (a.rows_16b) {  // the host checked the 16-byte alignment of every row group
-        const uint4 raw = *reinterpret_cast<const uint4*>(src);
-        const std::uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-        for (int k = 0; k < 8; ++k) xs[k] = static_cast<std::uint16_t>(w[k / 2] >> (16 * (k % 2)));
-      } else {
-#pragma unroll
-        for (int k = 0; k < 8; ++k) xs[k] = src[k];
-      }
+      load8_halves(a, src, xs);
       long long v[8];
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
@@ -411,29 +453,20 @@ __device__ __forceinline__ std::uint8_t* tile_record(const StoreArgs& a, int blk
 template <int R, int C, int T, int LD>
 __device__ __forceinline__ bool tile_divides_fast(const StoreArgs& a, const std::uint16_t* xh,
                                                   unsigned* mag) {
-  unsigned lo = 0xffffu, hi = 0, bad = 0;
-  for (int i = threadIdx.x; i < R * C; i += T) {
-    const unsigned h = xh[(i / C) * LD + i % C], m = h & 0x7fffu;
-    bad |= (h == 0x8000u || m >= 0x7c00u) ? 1u : 0u;
-    hi = max(hi, m);
-    lo = min(lo, m == 0 ? 0xffffu : m);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-    bad |= __shfl_xor_sync(0xffffffffu, bad, o);
-  }
+  Magnitudes mg;
+  for (int i = threadIdx.x; i < R * C; i += T) mg.add(xh[(i / C) * LD + i % C]);
+  mg.warp_reduce();
   if ((threadIdx.x & 31) == 0) {
-    atomicMin(&mag[0], lo);
-    atomicMax(&mag[1], hi);
-    atomicOr(&mag[2], bad);
+    atomicMin(&mag[0], mg.lo);
+    atomicMax(&mag[1], mg.hi);
+    atomicOr(&mag[2], mg.bad);
   }
   __syncthreads();
-  if (mag[2] != 0) return false;
-  if (mag[1] == 0) return true;
-  return static_cast<double>(h2f(static_cast<std::uint16_t>(mag[0]))) >= a.div_lo &&
-         static_cast<double>(h2f(static_cast<std::uint16_t>(mag[1]))) <= a.div_hi;
+  Magnitudes all;
+  all.lo = mag[0];
+  all.hi = mag[1];
+  all.bad = mag[2];
+  return all.divides_fast(a);
 }
 
 // VarN, RTN per oriented row, packing and scale absorption of one stream's rotated tile (sb.xh),

@@ -142,23 +142,6 @@ __device__ __forceinline__ void fwht_across(Acc (&w)[NG], int j) {
     for (int b = 0; b < NG; ++b) w[b] = lane_butterfly(w[b], j, s);
 }
 
-// The magnitudes of the rotated tile that decide the divider-free path (tile_divides_fast):
-// min nonzero |x| bits, max |x| bits, whether a -0, Inf or NaN was seen.
-struct Magnitudes {
-  unsigned lo = 0xffffu, hi = 0, bad = 0;
-  __device__ void add(std::uint16_t h) {
-    const unsigned mg = h & 0x7fffu;
-    bad |= (h == 0x8000u || mg >= 0x7c00u) ? 1u : 0u;
-    hi = max(hi, mg);
-    lo = min(lo, mg == 0 ? 0xffffu : mg);
-  }
-  __device__ void add(const Magnitudes& o) {
-    lo = min(lo, o.lo);
-    hi = max(hi, o.hi);
-    bad |= o.bad;
-  }
-};
-
 // Loads, rotates and rounds this CTA's tokens g = m + 8 i (module comment) into the rows of
 // their owners: values rows are tokens (this CTA's own), keys rows are channels (channel d goes
 // to CTA d mod 8, row d / 8, by a remote shared-memory store). Acc: long long for the published
@@ -180,15 +163,7 @@ __device__ __forceinline__ Magnitudes spread_rotate(const StoreArgs& a, cg::clus
 #pragma unroll
     for (int b = 0; b < NG; ++b) {
       std::uint16_t xs[8];
-      if (a.rows_16b) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(src + 8 * b);
-        const std::uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-        for (int i = 0; i < 8; ++i) xs[i] = static_cast<std::uint16_t>(w[i / 2] >> (16 * (i % 2)));
-      } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) xs[i] = src[8 * b + i];
-      }
+      load8_halves(a, src + 8 * b, xs);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         if (a.hadamard == 2 && (xs[i] & 0x7c00u) == 0x7c00u && a.overflow)
@@ -235,14 +210,7 @@ template <int T>
 __device__ __forceinline__ bool spread_divides_fast(const StoreArgs& a, cg::cluster_group& cluster,
                                                     Magnitudes mg, unsigned* mag,
                                                     unsigned* warp_mag, int m) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    Magnitudes other;
-    other.lo = __shfl_xor_sync(0xffffffffu, mg.lo, o);
-    other.hi = __shfl_xor_sync(0xffffffffu, mg.hi, o);
-    other.bad = __shfl_xor_sync(0xffffffffu, mg.bad, o);
-    mg.add(other);
-  }
+  mg.warp_reduce();
   const int warp = threadIdx.x >> 5;
   if ((threadIdx.x & 31) == 0) {
     warp_mag[3 * warp] = mg.lo;
@@ -268,10 +236,7 @@ __device__ __forceinline__ bool spread_divides_fast(const StoreArgs& a, cg::clus
     o.bad = mag[3 * q + 2];
     all.add(o);
   }
-  if (all.bad != 0) return false;
-  if (all.hi == 0) return true;
-  return static_cast<double>(h2f(static_cast<std::uint16_t>(all.lo))) >= a.div_lo &&
-         static_cast<double>(h2f(static_cast<std::uint16_t>(all.hi))) <= a.div_hi;
+  return all.divides_fast(a);
 }
 
 // Shared-memory views of one CTA (SpreadLayout).
