@@ -203,28 +203,6 @@ __device__ __forceinline__ std::uint32_t e4m3x2_to_half2(std::uint32_t x) {
       __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x & 0xffffu), __NV_E4M3);
   return static_cast<std::uint32_t>(h.x) | (static_cast<std::uint32_t>(h.y) << 16);
 }
-// Codes of field f (kBits wide) in bytes 0 and 2 of x -> half2 of the exact small integers:
-// (x & mask) | 0x6400 is the fp16 1024 + c * 2^(f kBits) (magic exponent, one lop3), and one
-// hfma2 by 2^-(f kBits) with bias -1024 * 2^-(f kBits) leaves c exactly. No branches.
-template <int kBits, int kField>
-__device__ __forceinline__ std::uint32_t magic_codes_to_half2(std::uint32_t v) {
-  // fp16 bit patterns of 2^-(f kBits) and -2^(10 - f kBits), as immediates (no conversions)
-  constexpr std::uint32_t kScale = (15u - kField * kBits) << 10;
-  constexpr std::uint32_t kBias = 0x8000u | ((25u - kField * kBits) << 10);
-  std::uint32_t r;
-  asm("fma.rn.f16x2 %0, %1, %2, %3;\n"
-      : "=r"(r)
-      : "r"(v), "r"(kScale | (kScale << 16)), "r"(kBias | (kBias << 16)));
-  return r;
-}
-template <int kBits, int kField>
-__device__ __forceinline__ std::uint32_t codes_to_half2(std::uint32_t x) {
-  constexpr std::uint32_t kMask = ((1u << kBits) - 1u) << (kField * kBits);
-  return magic_codes_to_half2<kBits, kField>((x & (kMask | (kMask << 16))) | 0x64006400u);
-}
-
-// The same without the hfma2: half2 of 1024 + c * 2^(f kBits) (exact; f kBits <= 6). The caller
-// removes 1024 * sum(other operand) and the 2^(f kBits) factor outside the mma.
 // Unnormalized FWHT of a query held as mma B-fragment registers qf[KS][4] across a warp: a
 // channel index is made of the bits e0 (element of a pair), c (lane column; 2 bits, exchanged by
 // shuffles), e1 (pair 0 or 1) and s (k-step); butterflies on distinct bits commute, so each bit is
@@ -287,34 +265,25 @@ __device__ __forceinline__ float fast_rcp(float x) {
   return r;
 }
 
-// `magic` must hold 0x64006400 in a register the compiler cannot see as a constant (a kernel
-// parameter): SASS lop3 takes one immediate, so with two constants ptxas emits and + or; with the
-// magic in a register the whole conversion is one lop3 ((x & mask) | magic).
+// Field kField of kBits-bit codes in both halves of x as fp16 subnormals: c 2^(kField kBits)
+// 2^-24, exact while c 2^(kField kBits) < 1024 (one and; the tensor cores take fp16 subnormals
+// at their value). The caller scales the products by 2^(24 - kField kBits).
 template <int kBits, int kField>
-__device__ __forceinline__ std::uint32_t codes_raw(std::uint32_t x, std::uint32_t magic) {
+__device__ __forceinline__ std::uint32_t codes_sub(std::uint32_t x) {
+  static_assert((((1 << kBits) - 1) << (kField * kBits)) < 1024, "a subnormal's 10 mantissa bits");
   constexpr std::uint32_t kMask = ((1u << kBits) - 1u) << (kField * kBits);
-  std::uint32_t r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n"
-      : "=r"(r)
-      : "r"(x), "n"(kMask | (kMask << 16)), "r"(magic));
-  return r;
+  return x & (kMask | (kMask << 16));
 }
-// codes_to_half2 with the magic in a register (see codes_raw): one lop3 and one hfma2.
-template <int kBits, int kField>
-__device__ __forceinline__ std::uint32_t codes_to_half2(std::uint32_t x, std::uint32_t magic) {
-  return magic_codes_to_half2<kBits, kField>(codes_raw<kBits, kField>(x, magic));
-}
-// codes_raw of field i % kPack of a byte holding kPack fields: i is a constant once the caller's
+// codes_sub of field i % kPack of a byte holding kPack fields: i is a constant once the caller's
 // loop is unrolled, so this folds to the one lop3 of that field.
 template <int kBits, int kPack>
-__device__ __forceinline__ std::uint32_t codes_raw_at(std::uint32_t x, int i,
-                                                      std::uint32_t magic) {
+__device__ __forceinline__ std::uint32_t codes_sub_at(std::uint32_t x, int i) {
   static_assert(kPack >= 1 && kPack <= 4, "at most four fields per byte");
   const int f = i % kPack;
-  if (f == 0) return codes_raw<kBits, 0>(x, magic);
-  if (f == 1) return codes_raw<kBits, 1>(x, magic);
-  if (f == 2) return codes_raw<kBits, 2>(x, magic);
-  return codes_raw<kBits, 3>(x, magic);
+  if (f == 0) return codes_sub<kBits, 0>(x);
+  if (f == 1) return codes_sub<kBits, (kPack > 1 ? 1 : 0)>(x);
+  if (f == 2) return codes_sub<kBits, (kPack > 2 ? 2 : 0)>(x);
+  return codes_sub<kBits, (kPack > 3 ? 3 : 0)>(x);
 }
 
 // kBytes (1, 2, 4, 8, 16 or 32; aligned) from shared memory into 32-bit words.

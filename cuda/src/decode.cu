@@ -361,7 +361,6 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
     t.qk_scale = sm_scale * 1.4426950408889634f;
     t.rot_scale = c.key_bits == 8 ? 0.0f : static_cast<float>(1.0 / std::sqrt(double(p.head_dim)));
     t.nc = c.nc ? 1 : 0;
-    t.code_magic = 0x64006400u;
     detail::fill_tq_tables(p.head_dim, c.key_bits, t);
     t.o_part = static_cast<float*>(b.workspace);
     t.lse = t.o_part + static_cast<std::size_t>(p.batch) * p.num_q_heads * splits * p.head_dim;
@@ -387,7 +386,6 @@ void paged_decode(const DecodeProblem& p, const DecodeBuffers& b, cudaStream_t s
   a.qpk = queries_per_kv_head(p);
   a.num_splits = splits;
   a.qk_scale = sm_scale * 1.4426950408889634f;
-  a.code_magic = 0x64006400u;
   a.o_part = static_cast<float*>(b.workspace);
   const int warps = decode_num_warps(p);
   a.lse = a.o_part + static_cast<std::size_t>(p.batch) * p.num_q_heads * splits * p.head_dim;

@@ -45,15 +45,15 @@
 //       sum_d q zp_k by one mma per k-step of the fp16 query against zp_k broadcast to all rows;
 //     O[h,d] += s_col_v[d] * (vmax * sum_t p''[h,t] code_v[t,d] + sum_t p[h,t] zp_v[t]),
 //       p'' = p * s_row_v / vmax in fp16 (vmax: the power of two of max |s_row_v|).
-//     Codes become fp16 1024 + c 2^(f bits) with the 0x6400 magic exponent and one lop3
-//     (codes_raw, no hfma2): K fragments pair two channel rows (prmt of the two rows' bytes), V
-//     fragments pair two token rows. The 1024 offset and the zero-point sums are one term per
-//     field and head: QK: qz 2^(f bits) / kmax - 1024 sum_d q'' (the chain's start value on
-//     two warps, added after the chain on one), PV: the same with sum_t p zp_v, vmax and
-//     sum_t p'', the start value of each PV chain of at most 64 tokens (the sums of q'' / p''
-//     by one mma of the B fragment against a ones A fragment per k-step); one multiply (QK: by
-//     s_row_k kmax 2^(-f bits)) or one fma (PV: by s_col_v vmax 2^(-f bits)) per element
-//     finishes the item.
+//     A code field enters the mma as the fp16 subnormal its masked bits already are, c 2^(f
+//     bits) 2^-24 (codes_sub: one lop3; exact, and the tensor cores multiply subnormals at
+//     their value): K fragments pair two channel rows (prmt of the two rows' bytes), V
+//     fragments pair two token rows. The zero-point sums are one term per field and head, the
+//     chain's start value: QK: qz 2^(f bits) 2^-24 / kmax, PV: sum_t p zp_v 2^(f bits) 2^-24 /
+//     vmax; one multiply (QK: by s_row_k kmax 2^(24 - f bits)) or one fma (PV: by s_col_v vmax
+//     2^(24 - f bits)) per element finishes the record. (Codes as the normal fp16 1024 + c 2^(f
+//     bits) needed the 1024 sum of the other operand taken off each chain, by one more mma per
+//     k-step, and chains of at most 64 tokens to bound the cancellation.)
 //     Token order inside a record (warp w, T = G / W tokens each): M-tile m, row g + 8 e <->
 //     token w T + g T / 8 + 2 m + e, so each lane reads T / 8 consecutive tokens of a channel row
 //     with one load.
@@ -98,8 +98,7 @@ struct DecodeArgs {
   float qk_scale;   // softmax scale * log2(e)
   float rot_scale;  // 0: no rotation; else Hadamard 1/sqrt(D)
   int fp8_scales;
-  int sink_blocks;           // KVarN kSpread: sink blocks to spread over the splits; else 0
-  std::uint32_t code_magic;  // 0x64006400 (see codes_raw); a parameter so it stays in a register
+  int sink_blocks;  // KVarN kSpread: sink blocks to spread over the splits; else 0
   int s_col_k, zp_k, s_row_k, v_codes, s_col_v, s_row_v, zp_v;  // record byte offsets
   float* o_part;
   float* lse;
@@ -371,18 +370,22 @@ __device__ __forceinline__ ItemRange item_range(const SplitBlocks& r, int max_bl
   return o;
 }
 
-// The start value of the code chains of a record (header comment): codes enter the mma as
-// 1024 + c 2^(f kBits), so for pack field f and the lane's heads 2c, 2c + 1 the chain starts at
-// zsum 2^(f kBits) inv - 1024 sum (zsum: the zero-point sum, inv: 1 / the record's scale maximum,
-// sum: the sum of the scaled operand). QK and PV use the same form.
+// The start value of the code chains of a record (header comment): codes enter the mma as the
+// subnormals c 2^(f kBits) 2^-24, so for pack field f and the lane's heads 2c, 2c + 1 the chain
+// starts at zsum 2^(f kBits) 2^-24 inv (zsum: the zero-point sum, inv: 1 / the record's scale
+// maximum; powers of two, exact). QK and PV use the same form.
 template <int kPack, int kBits>
-__device__ __forceinline__ void chain_start(const float* zsum, float inv, const float* sum,
-                                            float (&out)[kPack][2]) {
+__device__ __forceinline__ void chain_start(const float* zsum, float inv, float (&out)[kPack][2]) {
 #pragma unroll
   for (int f = 0; f < kPack; ++f)
 #pragma unroll
     for (int k = 0; k < 2; ++k)
-      out[f][k] = zsum[k] * (inv * static_cast<float>(1 << (f * kBits))) - 1024.0f * sum[k];
+      out[f][k] = zsum[k] * (inv * (static_cast<float>(1 << (f * kBits)) / 16777216.0f));
+}
+// 2^(24 - f kBits): undoes a field's subnormal code scale (codes_sub) after the mma.
+template <int kBits>
+__device__ __forceinline__ constexpr float unsub_scale(int f) {
+  return 16777216.0f / static_cast<float>(1 << (f * kBits));
 }
 
 }  // namespace detail
@@ -647,8 +650,6 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
   // lane holds; the scores pass from the key part to the value part (kPieces: across items).
   constexpr int kSM = T::kMT / (kPair ? 2 : 1) > 0 ? T::kMT / (kPair ? 2 : 1) : 1;
   constexpr int kLT = 2 * kSM;
-  constexpr std::uint32_t kOnes = 0x3C003C00u;
-  const std::uint32_t ones_a[4] = {kOnes, kOnes, kOnes, kOnes};
   const int tb = warp * T::kTok;  // this warp's first record token
   // scores: fragment m, row g + 8 e <-> token tok0 + 2 m + e (kPair: the lanes c >= 2 hold the
   // second half's tokens, kMT further; fields agree since kMT % kPackK == 0)
@@ -657,7 +658,6 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
   // rec: the record (kPieces: its key piece, bytes [0, v_codes)).
   auto process_keys = [&](const unsigned char* rec, int n_valid, float(&sc)[kSM][4]) {
     if constexpr (F == KvFormat::kKvarn) {
-      const std::uint32_t magic = a.code_magic;
       const int sb = a.fp8_scales ? 1 : 2;  // bytes per row scale
       // q'' = q * s_col_k / kscale (fp16 B fragments: two exact half2 products by 1 / kscale and
       // one rounded product by the fp16 query), kscale = pow2_scale(max |s_col_k|) (1 when every
@@ -693,9 +693,6 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
 #pragma unroll
         for (int e = 0; e < 2; ++e)
           kb[s][e] = half2_bits(__hmul2(as_half2(qb[s][e]), __hmul2(as_half2(sk[s][e]), kinv2)));
-      float qsum[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum_d q'' of heads 2c, 2c + 1 (fp16 operands)
-#pragma unroll
-      for (int s = 0; s < KS; ++s) mma_16816(qsum, ones_a, kb[s]);
       if constexpr (kPair) {
 #pragma unroll
         for (int s = 0; s < KS; ++s)
@@ -705,15 +702,11 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
             kb[s][e] &= lo_cols;
           }
       }
-      // The codes enter the mma as 1024 + c 2^(f KB) (field f = token % kPackK): the k-chain plus
-      // kin = qz 2^(f KB) / kscale - 1024 sum_d q'' is (kscale sum_d q'' code + qz) 2^(f KB) /
-      // kscale, and one multiply by s_row_k kscale 2^(-f KB) gives the score. Two warps start
-      // the chain at kin (no add per score); one warp adds it after the chain, so that the QK
-      // mma need not wait for the sum_d q'' mma (H200, k4v2: 1.01-1.04x at batch 32-128; k4v4
-      // on two warps 0.97x that way at batch 128).
-      constexpr bool kInitQk = T::kWarps > 1;
+      // The codes enter the mma as c 2^(f KB) 2^-24 (field f = token % kPackK): the k-chain
+      // started at kin = qz 2^(f KB) 2^-24 / kscale ends at (kscale sum_d q'' code + qz) 2^(f KB)
+      // 2^-24 / kscale, and one multiply by s_row_k kscale 2^(24 - f KB) gives the score.
       float kin[T::kPackK][2];
-      detail::chain_start<T::kPackK, KB>(qzc, kinv, qsum, kin);
+      detail::chain_start<T::kPackK, KB>(qzc, kinv, kin);
 
       // S^T = K codes x q'': lane reads channel rows 16 s + 2c + {0, 1, 8, 9}; M-tile m goes to
       // fragment m % kSM (kPair: tiles kSM.. against the columns 4-7)
@@ -735,14 +728,13 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
             const int i = 2 * m + e, j = i / T::kPackK;
             const std::uint32_t x0 = __byte_perm(w0[j / 4], w1[j / 4], detail::pair_sel(j % 4));
             const std::uint32_t x1 = __byte_perm(w2[j / 4], w3[j / 4], detail::pair_sel(j % 4));
-            af[e] = codes_raw_at<KB, T::kPackK>(x0, i, magic);
-            af[2 + e] = codes_raw_at<KB, T::kPackK>(x1, i, magic);
+            af[e] = codes_sub_at<KB, T::kPackK>(x0, i);
+            af[2 + e] = codes_sub_at<KB, T::kPackK>(x1, i);
           }
           const std::uint32_t(&bq)[2] = kPair && m >= kSM ? kbh[kPair ? s : 0] : kb[s];
           if (s == 0 && m < kSM) {  // rows 2m, 2m + 1 of the lane's tokens: fields (2m) % P, ..
             const int f0 = (2 * m) % T::kPackK, f1 = (2 * m + 1) % T::kPackK;
-            const float init[4] = {kInitQk ? kin[f0][0] : 0.0f, kInitQk ? kin[f0][1] : 0.0f,
-                                   kInitQk ? kin[f1][0] : 0.0f, kInitQk ? kin[f1][1] : 0.0f};
+            const float init[4] = {kin[f0][0], kin[f0][1], kin[f1][0], kin[f1][1]};
             mma_16816_c(sc[m], af, bq, init);
           } else {
             mma_16816(sc[m % kSM], af, bq);
@@ -752,15 +744,14 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
       float sr[kLT];
       detail::load_scales<kLT>(rec + a.s_row_k + (tb + tok_lane) * sb, a.fp8_scales, sr);
 #pragma unroll
-      for (int t = 0; t < kLT; ++t)
-        sr[t] *= kscale * (1.0f / static_cast<float>(1 << ((t % T::kPackK) * KB)));
+      for (int t = 0; t < kLT; ++t) sr[t] *= kscale * detail::unsub_scale<KB>(t % T::kPackK);
       const int tok0 = tb + tok_lane;
 #pragma unroll
       for (int m = 0; m < kSM; ++m)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int t = 2 * m + (r >> 1);
-          sc[m][r] = (kInitQk ? sc[m][r] : sc[m][r] + kin[t % T::kPackK][r & 1]) * sr[t];
+          sc[m][r] *= sr[t];
         }
       if (n_valid < G) {  // only a sequence's last record is partial: no mask on full ones
 #pragma unroll
@@ -784,11 +775,10 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
   // byte `base` on (the whole record: 0; kPieces: its value piece, v_codes).
   auto process_values = [&](const unsigned char* rec, int base, const float(&sc)[kSM][4]) {
     if constexpr (F == KvFormat::kKvarn) {
-      const std::uint32_t magic = a.code_magic;
       const int sb = a.fp8_scales ? 1 : 2;  // bytes per row scale
       // P'' = p * s_row_v / vscale (whole record; vscale = pow2_scale(max |s_row_v|), so the
       // scales' products by 1 / vscale are exact and P'' is fp16(p) times them, rounded once);
-      // PV in chains of kPvMT fragments (64 tokens per column)
+      // PV in one chain over the lane's fragments
       std::uint32_t sv[kLT / 2];  // s_row_v of the lane's tokens 2i, 2i + 1 (half2)
       float zv[kLT];
       detail::load_scales_h2<kLT / 2>(rec + (a.s_row_v - base) + (tb + tok_lane) * sb, a.fp8_scales,
@@ -811,13 +801,11 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
         pb[m][1] = movmatrix_trans(
             half2_bits(__hmul2(__floats2half2_rn(sc[m][2], sc[m][3]), __high2half2(s01))));
       }
-      // The codes enter the mma as 1024 + c 2^(f VB) (field f = channel % kPackV): each chain
-      // starts at (sum_t p zp_v) 2^(f VB) / vscale - 1024 sum_t p'' and ends at (vscale sum_t p''
-      // code + sum_t p zp_v) 2^(f VB) / vscale; one fma by s_col_v vscale 2^(-f VB) adds it to O.
-      // A chain covers at most 64 tokens per column: the accumulator passes through about 1024
-      // sum_t p'' (one 128-token chain, bias removed at the end, gave NMSE 3.5e-4 instead of
-      // 4.8e-5 on 40K-token uniform attention).
-      constexpr int kPvMT = kSM < 4 ? kSM : 4;
+      // The codes enter the mma as c 2^(f VB) 2^-24 (field f = channel % kPackV): the chain
+      // starts at (sum_t p zp_v) 2^(f VB) 2^-24 / vscale and ends at (vscale sum_t p'' code +
+      // sum_t p zp_v) 2^(f VB) 2^-24 / vscale; one fma by s_col_v vscale 2^(24 - f VB) adds it
+      // to O. Nothing cancels in the chain, so one chain covers the record.
+      constexpr int kPvMT = kSM;
       // s_col_v vscale 2^(-f VB) of the lane's channels g D/8 + ch, loaded once per record (one
       // warp: registers to spare) or per chain (two warps: capped at 168 registers)
       float scv[D / 8];
@@ -825,7 +813,7 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
         detail::load_scales<D / 8>(rec + (a.s_col_v - base) + g * (D / 8) * sb, a.fp8_scales, scv);
 #pragma unroll
         for (int ch = 0; ch < D / 8; ++ch)  // g D/8 is a multiple of kPackV
-          scv[ch] *= vscale * (1.0f / static_cast<float>(1 << ((ch % T::kPackV) * VB)));
+          scv[ch] *= vscale * detail::unsub_scale<VB>(ch % T::kPackV);
       };
       if constexpr (T::kWarps == 1) load_scv();
 #pragma unroll
@@ -841,11 +829,8 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
           pz[0] += __shfl_xor_sync(0xffffffffu, pz[0], o2);
           pz[1] += __shfl_xor_sync(0xffffffffu, pz[1], o2);
         }
-        float psum[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum_t p'' of columns 2c, 2c + 1
-#pragma unroll
-        for (int m = m0; m < m0 + kPvMT; ++m) mma_16816(psum, ones_a, pb[m]);
         float vin[T::kPackV][2];
-        detail::chain_start<T::kPackV, VB>(pz, vinv, psum, vin);
+        detail::chain_start<T::kPackV, VB>(pz, vinv, vin);
         if constexpr (kPair) {
 #pragma unroll
           for (int m = m0; m < m0 + kPvMT; ++m)
@@ -879,8 +864,8 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
               const int i = 2 * mt + e, j = i / T::kPackV;
               const std::uint32_t x0 = __byte_perm(u0[j / 4], u1[j / 4], detail::pair_sel(j % 4));
               const std::uint32_t x1 = __byte_perm(u2[j / 4], u3[j / 4], detail::pair_sel(j % 4));
-              af[e] = codes_raw_at<VB, T::kPackV>(x0, i, magic);
-              af[2 + e] = codes_raw_at<VB, T::kPackV>(x1, i, magic);
+              af[e] = codes_sub_at<VB, T::kPackV>(x0, i);
+              af[2 + e] = codes_sub_at<VB, T::kPackV>(x1, i);
             }
             if (mm == m0) {  // channels 2mt, 2mt + 1 of the lane: fields (2mt) % P, (2mt + 1) % P
               const int f0 = (2 * mt) % T::kPackV, f1 = (2 * mt + 1) % T::kPackV;

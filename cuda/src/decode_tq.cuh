@@ -36,13 +36,15 @@
 //     Norm correction: sum_d c^2 per token by one extra mma per k-step on hmul2(A, A) against
 //     a ones B fragment (rows = tokens, all columns equal); a template parameter (NC), so the
 //     kernel without it carries no branch.
-//   PV: A = value codes^T [channels (M) x tokens (k)], B = P''^T (movmatrix of S^T). Codes
-//     become exact fp16 integers (codes_to_half2: 0x6400 exponent in a register, so one lop3,
-//     then one hfma2); row e of an M-tile holds channel g D/8 + 2 mt + e, code field e of a byte
-//     pair. 3-bit codes at D 128: 16-bit windows of both tokens side by side (v3_pair_window),
-//     one prmt per two M-tiles instead of two funnel shifts and a prmt per tile. (Keeping 1024 + c
-//     in the operand and subtracting 1024 sum p'' at the end, as the KVarN records do per record,
-//     cost 1.7e-5 NMSE here: O accumulates across all items of a split.)
+//   PV: A = value codes^T [channels (M) x tokens (k)], B = P''^T (movmatrix of S^T). A code
+//     field enters the mma as the fp16 subnormal its masked bits already are (codes_sub: one
+//     and, no exponent, no hfma2): c 2^(e VB) 2^-24 exactly, which the tensor cores multiply
+//     exactly like any fp16 (no offset to cancel, so no precision is lost in the fp32 sums); the
+//     output rows of field e are scaled by 2^(24 - e VB) once, at the end. Row e of an M-tile
+//     holds channel g D/8 + 2 mt + e, code field e of a byte pair. 3-bit codes at D 128: 16-bit
+//     windows of both tokens side by side (v3_pair_window), one prmt per two M-tiles instead of two
+//     funnel shifts and a prmt per tile. (Keeping 1024 + c in the operand and subtracting 1024 sum
+//     p'' at the end cost 1.7e-5 NMSE here: O accumulates across all items of a split.)
 #ifndef KVARN_CUDA_DECODE_TQ_CUH_
 #define KVARN_CUDA_DECODE_TQ_CUH_
 
@@ -62,7 +64,6 @@ struct TqDecodeArgs {
   float qk_scale;   // softmax scale * log2(e)
   float rot_scale;  // 1/sqrt(D) (Lloyd-Max keys) or 0 (fp8 keys)
   int nc;           // norm correction
-  std::uint32_t code_magic;  // 0x64006400 (see codes_raw); a parameter so it stays in a register
   // fp16 centroid byte planes: byte i of lo[] / hi[] = low / high byte of centroid i
   std::uint32_t tab_lo[4], tab_hi[4];
   float* o_part;
@@ -302,7 +303,6 @@ __global__ void __launch_bounds__(32 * W, TqTraits<D, KB, VB, W>::kMinCtas)
   // TAB: the pair table at the start of shared memory; lane l reads copy l (its byte offset
   // 4 l is below the entry stride, so it joins the entry offset by an or)
   const std::uint32_t lane4 = 4u * static_cast<std::uint32_t>(lane % T::kTabRep);
-  const std::uint32_t magic = a.code_magic;
 
   float o[KS][4];
 #pragma unroll
@@ -457,10 +457,10 @@ __global__ void __launch_bounds__(32 * W, TqTraits<D, KB, VB, W>::kMinCtas)
         const std::uint32_t sel = detail::pair_sel(mt % 4);
         const std::uint32_t x0 = __byte_perm(u[0][mt / 4], u[1][mt / 4], sel);
         const std::uint32_t x1 = __byte_perm(u[2][mt / 4], u[3][mt / 4], sel);
-        af[0] = codes_to_half2<4, 0>(x0, magic);
-        af[1] = codes_to_half2<4, 1>(x0, magic);
-        af[2] = codes_to_half2<4, 0>(x1, magic);
-        af[3] = codes_to_half2<4, 1>(x1, magic);
+        af[0] = codes_sub<4, 0>(x0);
+        af[1] = codes_sub<4, 1>(x0);
+        af[2] = codes_sub<4, 0>(x1);
+        af[3] = codes_sub<4, 1>(x1);
       } else {
         std::uint32_t x0, x1;
         if constexpr (kLaneV == 6) {
@@ -470,10 +470,10 @@ __global__ void __launch_bounds__(32 * W, TqTraits<D, KB, VB, W>::kMinCtas)
           x0 = __byte_perm(detail::bits_at(u[0], 6 * mt), detail::bits_at(u[1], 6 * mt), 0x5410);
           x1 = __byte_perm(detail::bits_at(u[2], 6 * mt), detail::bits_at(u[3], 6 * mt), 0x5410);
         }
-        af[0] = codes_to_half2<3, 0>(x0, magic);
-        af[1] = codes_to_half2<3, 1>(x0, magic);
-        af[2] = codes_to_half2<3, 0>(x1, magic);
-        af[3] = codes_to_half2<3, 1>(x1, magic);
+        af[0] = codes_sub<3, 0>(x0);
+        af[1] = codes_sub<3, 1>(x0);
+        af[2] = codes_sub<3, 0>(x1);
+        af[3] = codes_sub<3, 1>(x1);
       }
       mma_16816(o[mt], af, pb);
     }
@@ -520,7 +520,9 @@ __global__ void __launch_bounds__(32 * W, TqTraits<D, KB, VB, W>::kMinCtas)
   }
   cp_async_wait<0>();
 
-  // ---- O = acc + sum p z; normalize; write (heads 2c, 2c + 1) ----
+  // ---- O = acc 2^(24 - e VB) (row e: code field e) + sum p z; normalize; write (heads 2c,
+  // 2c + 1) ----
+  constexpr float kUnsub0 = 16777216.0f, kUnsub1 = kUnsub0 / static_cast<float>(1 << VB);
 #pragma unroll
   for (int k = 0; k < 2; ++k)
 #pragma unroll
@@ -539,10 +541,10 @@ __global__ void __launch_bounds__(32 * W, TqTraits<D, KB, VB, W>::kMinCtas)
 #pragma unroll
     for (int i = 0; i < D / 8; i += 4) {
       float4 v;
-      v.x = (o[i / 2][k] + pz[k]) * inv;
-      v.y = (o[i / 2][2 + k] + pz[k]) * inv;
-      v.z = (o[i / 2 + 1][k] + pz[k]) * inv;
-      v.w = (o[i / 2 + 1][2 + k] + pz[k]) * inv;
+      v.x = fmaf(o[i / 2][k], kUnsub0, pz[k]) * inv;
+      v.y = fmaf(o[i / 2][2 + k], kUnsub1, pz[k]) * inv;
+      v.z = fmaf(o[i / 2 + 1][k], kUnsub0, pz[k]) * inv;
+      v.w = fmaf(o[i / 2 + 1][2 + k], kUnsub1, pz[k]) * inv;
       *reinterpret_cast<float4*>(dst + i) = v;
     }
     if (g == 0) a.lse[row * a.num_splits + split] = l > 0.0f ? m_run[k] + log2f(l) : -INFINITY;

@@ -109,14 +109,13 @@ std::vector<std::uint16_t> random_query(Rng& rng) {
 }
 
 // KVarN k4v2, 320 blocks of 128 per sequence: 4.5 GB of records; block 0 of every sequence in
-// the fp16 sink pool. Its own bound: unit-variance keys spread the attention almost uniformly
-// over 40,960 tokens, so the output is small against the values, and the KVarN kernel measures
-// NMSE 2.3e-5 to 2.4e-5 here on the H200 (the FP16 kernel 1.1e-7 on the same flat attention; the
-// shorter, peakier cases of test_decode.cpp stay below 1e-5). The cause is the code sums: fp16
-// codes biased by 1024 in an fp32 MMA accumulator (4.2e-5 to 4.9e-5 while the PV bias came off
-// after the chain instead of being its start value). A wrong 64-bit offset would read other
-// records for whole blocks: NMSE far above 1e-3.
-constexpr double kKvarnLargeMaxNmse = 1e-4;
+// the fp16 sink pool. Unit-variance keys spread the attention almost uniformly over 40,960
+// tokens, so the output is small against the values: the KVarN kernel measures NMSE 7.5e-7 to
+// 9.1e-7 here on the H200, with the codes entering the MMA as exact fp16 subnormals (the FP16
+// kernel 1.1e-7 on the same flat attention). Codes biased by 1024 in the fp32 MMA accumulator,
+// as before, measured 2.1e-5 to 2.5e-5 here: this bound catches that cancellation coming back.
+// A wrong 64-bit offset would read other records for whole blocks: NMSE far above 1e-3.
+constexpr double kKvarnLargeMaxNmse = 4e-6;
 TEST(CudaLargeCache, KvarnRecordsBeyond4GB) {
   KVARN_REQUIRE_GPU();
   const int nb = 320, len = nb * kG;
