@@ -19,10 +19,10 @@ void fill_tq_tables(int head_dim, int key_bits, TqDecodeArgs& a) {
 }
 
 namespace {
-template <int D, int KB, int VB, bool NC, int W>
+template <int D, int KB, int VB, bool NC, int W, bool kPair>
 void launch_tq_w(const TqDecodeArgs& a, const LaunchShape& s, cudaStream_t stream) {
   using T = TqTraits<D, KB, VB, W>;
-  auto kernel = paged_decode_tq_kernel<D, KB, VB, NC, W>;
+  auto kernel = paged_decode_tq_kernel<D, KB, VB, NC, W, kPair>;
   static DeviceSmemLimit smem_set;  // per instantiation and device
   smem_set.raise(kernel, T::kSmemBytes);
   // warp w of CTA x: item stream x W + w of batch x Hkv x splits
@@ -33,15 +33,25 @@ void launch_tq_w(const TqDecodeArgs& a, const LaunchShape& s, cudaStream_t strea
   KVARN_CUDA_CHECK_LAUNCH("paged_decode_tq_kernel");
 }
 
-template <int D, int KB, int VB, bool NC>
-void launch_tq_nc(const TqDecodeArgs& a, const LaunchShape& s, cudaStream_t stream) {
+template <int D, int KB, int VB, bool NC, bool kPair>
+void launch_tq_pair(const TqDecodeArgs& a, const LaunchShape& s, cudaStream_t stream) {
   static_assert(sizeof(kTqCompiledWarps) == 3 * sizeof(int), "one branch per compiled count");
   if (s.warps == 8) {
-    launch_tq_w<D, KB, VB, NC, 8>(a, s, stream);
+    launch_tq_w<D, KB, VB, NC, 8, kPair>(a, s, stream);
   } else if (s.warps == 4) {
-    launch_tq_w<D, KB, VB, NC, 4>(a, s, stream);
+    launch_tq_w<D, KB, VB, NC, 4, kPair>(a, s, stream);
   } else {
-    launch_tq_w<D, KB, VB, NC, 1>(a, s, stream);
+    launch_tq_w<D, KB, VB, NC, 1, kPair>(a, s, stream);
+  }
+}
+
+// At most kPairHeads query heads per KV head: two items per step (the kPair instances).
+template <int D, int KB, int VB, bool NC>
+void launch_tq_nc(const TqDecodeArgs& a, const LaunchShape& s, cudaStream_t stream) {
+  if (a.qpk <= kPairHeads) {
+    launch_tq_pair<D, KB, VB, NC, true>(a, s, stream);
+  } else {
+    launch_tq_pair<D, KB, VB, NC, false>(a, s, stream);
   }
 }
 

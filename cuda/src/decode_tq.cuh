@@ -232,7 +232,12 @@ __device__ __forceinline__ std::uint32_t hmul2_u32(std::uint32_t a) {
 // NC: norm correction (a.nc) as a compile-time flag (Lloyd-Max keys only). W warps per CTA: warp
 // w works item stream blockIdx.x * W + w of the batch x Hkv x num_splits streams (split fastest),
 // so CTAs stay full whatever the split count; the streams past the last only help fill the table.
-template <int D, int KB, int VB, bool NC, int W>
+// kPair (at most 4 query heads per KV head): two items per step, A and B. Every QK mma is the same
+// as alone (B's columns 4-7 repeat the heads of 0-3), but a lane keeps only its half of the score
+// columns: c < 2 item A's, c >= 2 item B's, so the norm scaling, the softmax, p'' and sum p z run
+// once per two items; PV takes P'' with the other item's columns zeroed, and the two column
+// halves of O (lanes c, c ^ 2) are added once at the end.
+template <int D, int KB, int VB, bool NC, int W, bool kPair = false>
 __global__ void __launch_bounds__(32 * W, TqTraits<D, KB, VB, W>::kMinCtas)
     paged_decode_tq_kernel(TqDecodeArgs a) {
   static_assert(!NC || KB != 8, "norm correction needs Lloyd-Max keys");
@@ -265,11 +270,13 @@ __global__ void __launch_bounds__(32 * W, TqTraits<D, KB, VB, W>::kMinCtas)
   const int len = range.len, j_begin = range.j_begin, j_end = range.j_end;
   const int* table = range.table;
 
-  // ---- query: head g, channel c D/4 + 4 s + e; rotate (FWHT over the channel bits); scale ----
+  // ---- query: head g (kPair: g & 3), channel c D/4 + 4 s + e; rotate (FWHT over the channel
+  // bits); scale ----
   float qf[KS][4];
   {
-    const bool live = g < a.qpk;
-    const __half* qrow = a.q + (static_cast<long long>(b) * a.num_q_heads + h * a.qpk + g) * D;
+    const int qh = kPair ? (g & 3) : g;
+    const bool live = qh < a.qpk;
+    const __half* qrow = a.q + (static_cast<long long>(b) * a.num_q_heads + h * a.qpk + qh) * D;
 #pragma unroll
     for (int s = 0; s < KS; ++s)
 #pragma unroll
@@ -351,9 +358,8 @@ __global__ void __launch_bounds__(32 * W, TqTraits<D, KB, VB, W>::kMinCtas)
     pst = pst + 1 == T::kStages ? 0 : pst + 1;
   };
 
-  auto process = [&](const unsigned char* st, int n) {
-    // ---- S^T = centroids x q' ----
-    float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  // ---- S^T = centroids x q' (and, NC, the squared centroid sums) of the item in stage st ----
+  auto qk = [&](const unsigned char* st, float(&sc)[4], float(&cs)[4]) {
     const unsigned char* k0 = st + g * T::kSlot;
     const unsigned char* k1 = k0 + 8 * T::kSlot;
     if constexpr (KB == 8) {
@@ -399,45 +405,10 @@ __global__ void __launch_bounds__(32 * W, TqTraits<D, KB, VB, W>::kMinCtas)
         }
       }
     }
-    // ---- scores of tokens g (sc[0], sc[1]) and g + 8 (sc[2], sc[3]) ----
-    if constexpr (KB != 8) {
-      float f0 = __half2float(__ushort_as_half(static_cast<unsigned short>(detail::lds_u16(k0 + T::kIdxBytes))));
-      float f1 = __half2float(__ushort_as_half(static_cast<unsigned short>(detail::lds_u16(k1 + T::kIdxBytes))));
-      if constexpr (NC) {
-        f0 *= rsqrtf(cs[0] + 1e-16f);
-        f1 *= rsqrtf(cs[2] + 1e-16f);
-      }
-      sc[0] *= f0;
-      sc[1] *= f0;
-      sc[2] *= f1;
-      sc[3] *= f1;
-    }
-    if (g >= n) sc[0] = sc[1] = -INFINITY;
-    if (g + 8 >= n) sc[2] = sc[3] = -INFINITY;
-    float sc2[1][4] = {{sc[0], sc[1], sc[2], sc[3]}};
-    float alpha[2];
-    detail::online_softmax<1>(sc2, m_run, l_run, alpha);
-    // alpha is exactly 1 unless a running max grew: skip the rescale when no lane's did
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-      for (int mt = 0; mt < KS; ++mt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) o[mt][r] *= alpha[r & 1];
-      pz[0] *= alpha[0];
-      pz[1] *= alpha[1];
-    }
-
-    // ---- P'' = p * s_t; sum_t p z_t ----
-    const float2 sz0 = unpack_half2(detail::lds_u16(k0 + T::kKeyBytes + T::kVCodeBytes) |
-                                    (detail::lds_u16(k0 + T::kKeyBytes + T::kVCodeBytes + 2) << 16));
-    const float2 sz1 = unpack_half2(detail::lds_u16(k1 + T::kKeyBytes + T::kVCodeBytes) |
-                                    (detail::lds_u16(k1 + T::kKeyBytes + T::kVCodeBytes + 2) << 16));
-    pz[0] += sc2[0][0] * sz0.y + sc2[0][2] * sz1.y;
-    pz[1] += sc2[0][1] * sz0.y + sc2[0][3] * sz1.y;
-    std::uint32_t pb[2] = {movmatrix_trans(pack_half2(sc2[0][0] * sz0.x, sc2[0][1] * sz0.x)),
-                           movmatrix_trans(pack_half2(sc2[0][2] * sz1.x, sc2[0][3] * sz1.x))};
-
-    // ---- O^T += value codes^T x P'': tokens 2c, 2c + 1 (a[0], a[1]), 2c + 8, 2c + 9 ----
+  };
+  // ---- O^T += value codes^T x P'' of the item in stage st: tokens 2c, 2c + 1 (a[0], a[1]),
+  // 2c + 8, 2c + 9 ----
+  auto pv = [&](const unsigned char* st, const std::uint32_t(&pb)[2]) {
     constexpr int kLaneV = D / 8 * VB / 8;  // bytes of the lane's D/8 channels (8 / 6 / 4 / 3)
     constexpr int kLoadV = (kLaneV + 1) / 2 * 2;  // from the even address below voff
     static_assert(kLaneV % 2 == 0 || kLoadV <= 4, "odd lane bytes only for 3 bytes");
@@ -478,12 +449,84 @@ __global__ void __launch_bounds__(32 * W, TqTraits<D, KB, VB, W>::kMinCtas)
       mma_16816(o[mt], af, pb);
     }
   };
+  // Scores, softmax and P V of one item (st, n valid tokens), or kPair of two (stb, nb: item B; the
+  // lanes c >= 2 hold B's scores).
+  auto process = [&](const unsigned char* st, int n, const unsigned char* stb, int nb) {
+    float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    qk(st, sc, cs);
+    const bool upper = kPair && c >= 2;
+    if constexpr (kPair) {
+      float scb[4] = {0.0f, 0.0f, 0.0f, 0.0f}, csb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      qk(stb, scb, csb);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        sc[r] = upper ? scb[r] : sc[r];
+        cs[r] = upper ? csb[r] : cs[r];
+      }
+    }
+    // the lane's item (kPair: A or B)
+    const unsigned char* k0 = (upper ? stb : st) + g * T::kSlot;
+    const unsigned char* k1 = k0 + 8 * T::kSlot;
+    if (upper) n = nb;
+    // ---- scores of tokens g (sc[0], sc[1]) and g + 8 (sc[2], sc[3]) ----
+    if constexpr (KB != 8) {
+      float f0 = __half2float(
+          __ushort_as_half(static_cast<unsigned short>(detail::lds_u16(k0 + T::kIdxBytes))));
+      float f1 = __half2float(
+          __ushort_as_half(static_cast<unsigned short>(detail::lds_u16(k1 + T::kIdxBytes))));
+      if constexpr (NC) {
+        f0 *= rsqrtf(cs[0] + 1e-16f);
+        f1 *= rsqrtf(cs[2] + 1e-16f);
+      }
+      sc[0] *= f0;
+      sc[1] *= f0;
+      sc[2] *= f1;
+      sc[3] *= f1;
+    }
+    if (g >= n) sc[0] = sc[1] = -INFINITY;
+    if (g + 8 >= n) sc[2] = sc[3] = -INFINITY;
+    float sc2[1][4] = {{sc[0], sc[1], sc[2], sc[3]}};
+    float alpha[2];
+    detail::online_softmax<1, kPair>(sc2, m_run, l_run, alpha);
+    // alpha is exactly 1 unless a running max grew: skip the rescale when no lane's did
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+      for (int mt = 0; mt < KS; ++mt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) o[mt][r] *= alpha[r & 1];
+      pz[0] *= alpha[0];
+      pz[1] *= alpha[1];
+    }
+
+    // ---- P'' = p * s_t; sum_t p z_t ----
+    const float2 sz0 =
+        unpack_half2(detail::lds_u16(k0 + T::kKeyBytes + T::kVCodeBytes) |
+                     (detail::lds_u16(k0 + T::kKeyBytes + T::kVCodeBytes + 2) << 16));
+    const float2 sz1 =
+        unpack_half2(detail::lds_u16(k1 + T::kKeyBytes + T::kVCodeBytes) |
+                     (detail::lds_u16(k1 + T::kKeyBytes + T::kVCodeBytes + 2) << 16));
+    pz[0] += sc2[0][0] * sz0.y + sc2[0][2] * sz1.y;
+    pz[1] += sc2[0][1] * sz0.y + sc2[0][3] * sz1.y;
+    std::uint32_t pb[2] = {movmatrix_trans(pack_half2(sc2[0][0] * sz0.x, sc2[0][1] * sz0.x)),
+                           movmatrix_trans(pack_half2(sc2[0][2] * sz1.x, sc2[0][3] * sz1.x))};
+
+    if constexpr (kPair) {  // B fragment column n = g: lanes g < 4 carry item A's heads
+      const std::uint32_t lo = g < 4 ? 0xffffffffu : 0u;
+      const std::uint32_t pa[2] = {pb[0] & lo, pb[1] & lo}, pbb[2] = {pb[0] & ~lo, pb[1] & ~lo};
+      pv(st, pa);
+      pv(stb, pbb);
+    } else {
+      pv(st, pb);
+    }
+  };
 
   // ---- pipeline ----
   auto more = [&] { return pj < j_end; };
   int issued = 0;
+  // kStages - 1 items ahead of the one in process; kPair: every stage, the two of a step free
+  // only after it
 #pragma unroll
-  for (int i = 0; i < T::kStages - 1; ++i) {
+  for (int i = 0; i < T::kStages - (kPair ? 0 : 1); ++i) {
     if (more()) {
       issue();
       ++issued;
@@ -501,39 +544,69 @@ __global__ void __launch_bounds__(32 * W, TqTraits<D, KB, VB, W>::kMinCtas)
   }
   if (!live) return;  // after the table barrier
   int cst = 0;        // stage of item `it`
-  for (int it = 0; it < issued; ++it) {
-    cp_async_wait<T::kStages - 2>();
-    __syncwarp();
+  auto next_stage = [](int st) { return st + 1 == T::kStages ? 0 : st + 1; };
+  auto arrived = [&](int st) {  // valid tokens of the item in stage st, once its bytes are there
+    const int n = desc[st];
+    if (n == 16) {
+      mbar_wait(&bars[st], (bar_phase >> st) & 1u);
+      bar_phase ^= 1u << st;
+    }
+    return n;
+  };
+  auto refill = [&]() {
     if (more()) {
       issue();
       ++issued;
     }
     cp_async_commit();
-    const int n = desc[cst];
-    if (n == 16) {
-      mbar_wait(&bars[cst], (bar_phase >> cst) & 1u);
-      bar_phase ^= 1u << cst;
+  };
+  if constexpr (kPair) {
+    for (int it = 0; it < issued; it += 2) {
+      cp_async_wait<T::kStages - 2>();  // kStages + it groups committed: items it, it + 1 in
+      __syncwarp();
+      const int sa = cst, sb = next_stage(cst);
+      const bool has_b = it + 1 < issued;
+      const int na = arrived(sa), nb = has_b ? arrived(sb) : 0;
+      // a missing B: A's stage again with no valid token (finite bytes, p = 0)
+      process(stages + sa * T::kStageBytes, na, stages + (has_b ? sb : sa) * T::kStageBytes, nb);
+      __syncwarp();
+      refill();
+      refill();
+      cst = next_stage(sb);
     }
-    process(stages + cst * T::kStageBytes, n);
-    __syncwarp();
-    cst = cst + 1 == T::kStages ? 0 : cst + 1;
+  } else {
+    for (int it = 0; it < issued; ++it) {
+      cp_async_wait<T::kStages - 2>();
+      __syncwarp();
+      refill();
+      const int n = arrived(cst);
+      process(stages + cst * T::kStageBytes, n, nullptr, 0);
+      __syncwarp();
+      cst = next_stage(cst);
+    }
   }
   cp_async_wait<0>();
 
   // ---- O = acc 2^(24 - e VB) (row e: code field e) + sum p z; normalize; write (heads 2c,
-  // 2c + 1) ----
+  // 2c + 1; kPair: lanes c < 2 after adding the column halves of lanes c ^ 2) ----
   constexpr float kUnsub0 = 16777216.0f, kUnsub1 = kUnsub0 / static_cast<float>(1 << VB);
+  if constexpr (kPair) {
+#pragma unroll
+    for (int mt = 0; mt < KS; ++mt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) o[mt][r] += __shfl_xor_sync(0xffffffffu, o[mt][r], 2);
+  }
 #pragma unroll
   for (int k = 0; k < 2; ++k)
 #pragma unroll
-    for (int o2 = 4; o2 < 32; o2 <<= 1) {
+    for (int o2 = kPair ? 2 : 4; o2 < 32; o2 <<= 1) {
       l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], o2);
       pz[k] += __shfl_xor_sync(0xffffffffu, pz[k], o2);
     }
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     const int head = 2 * c + k;
-    if (head >= a.qpk) continue;
+    if (head >= a.qpk || (kPair && c >= 2)) continue;
     const long long row = static_cast<long long>(b) * a.num_q_heads + h * a.qpk + head;
     const float l = l_run[k];
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
