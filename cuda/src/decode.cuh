@@ -46,7 +46,7 @@
 //     O[h,d] += s_col_v[d] * (vmax * sum_t p''[h,t] code_v[t,d] + sum_t p[h,t] zp_v[t]),
 //       p'' = p * s_row_v / vmax in fp16 (vmax: the power of two of max |s_row_v|).
 //     A code field enters the mma as the fp16 subnormal its masked bits already are, c 2^(f
-//     bits) 2^-24 (codes_sub: one lop3; exact, and the tensor cores multiply subnormals at
+//     bits) 2^-24 (codes_sub: one and; exact, and the tensor cores multiply subnormals at
 //     their value): K fragments pair two channel rows (prmt of the two rows' bytes), V
 //     fragments pair two token rows. The zero-point sums are one term per field and head, the
 //     chain's start value: QK: qz 2^(f bits) 2^-24 / kmax, PV: sum_t p zp_v 2^(f bits) 2^-24 /
@@ -110,8 +110,9 @@ __host__ __device__ constexpr int decode_warps(KvFormat f, int group, int g128_w
   return f != KvFormat::kKvarn || group == 64 ? 2 : group == 128 ? g128_warps : 1;
 }
 
-// KVarN G 128: query heads per KV head up to which the kernel pairs two M-tiles in the mma's
-// columns (kPair of paged_decode_kernel).
+// Query heads per KV head up to which the kernels fill the mma's 8 columns with two halves of 4:
+// KVarN G 128 two M-tiles of a record (kPair of paged_decode_kernel), TurboQuant two items
+// (kPair of paged_decode_tq_kernel).
 constexpr int kPairHeads = kDecodeHeads / 2;
 
 // KVarN G 128 on one warp with at least 16 KiB of codes per record and at most 8 KiB per piece
@@ -778,7 +779,7 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
       const int sb = a.fp8_scales ? 1 : 2;  // bytes per row scale
       // P'' = p * s_row_v / vscale (whole record; vscale = pow2_scale(max |s_row_v|), so the
       // scales' products by 1 / vscale are exact and P'' is fp16(p) times them, rounded once);
-      // PV in one chain over the lane's fragments
+      // PV in one chain over the record's tokens
       std::uint32_t sv[kLT / 2];  // s_row_v of the lane's tokens 2i, 2i + 1 (half2)
       float zv[kLT];
       detail::load_scales_h2<kLT / 2>(rec + (a.s_row_v - base) + (tb + tok_lane) * sb, a.fp8_scales,
@@ -805,9 +806,9 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
       // starts at (sum_t p zp_v) 2^(f VB) 2^-24 / vscale and ends at (vscale sum_t p'' code +
       // sum_t p zp_v) 2^(f VB) 2^-24 / vscale; one fma by s_col_v vscale 2^(24 - f VB) adds it
       // to O. Nothing cancels in the chain, so one chain covers the record.
-      constexpr int kPvMT = kSM;
-      // s_col_v vscale 2^(-f VB) of the lane's channels g D/8 + ch, loaded once per record (one
-      // warp: registers to spare) or per chain (two warps: capped at 168 registers)
+      // s_col_v vscale 2^(24 - f VB) of the lane's channels g D/8 + ch, loaded once per record:
+      // before the chain (one warp: registers to spare) or after its mmas (two warps: capped at
+      // 168 registers)
       float scv[D / 8];
       auto load_scv = [&]() {
         detail::load_scales<D / 8>(rec + (a.s_col_v - base) + g * (D / 8) * sb, a.fp8_scales, scv);
@@ -816,72 +817,68 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
           scv[ch] *= vscale * detail::unsub_scale<VB>(ch % T::kPackV);
       };
       if constexpr (T::kWarps == 1) load_scv();
+      float pz[2] = {0.0f, 0.0f};  // sum_t p zp_v over the record's tokens (per column)
 #pragma unroll
-      for (int m0 = 0; m0 < kSM; m0 += kPvMT) {
-        float pz[2] = {0.0f, 0.0f};  // sum_t p zp_v over the chain's tokens (per column)
+      for (int m = 0; m < kSM; ++m) {
+        pz[0] += sc[m][0] * zv[2 * m] + sc[m][2] * zv[2 * m + 1];
+        pz[1] += sc[m][1] * zv[2 * m] + sc[m][3] * zv[2 * m + 1];
+      }
 #pragma unroll
-        for (int m = m0; m < m0 + kPvMT; ++m) {
-          pz[0] += sc[m][0] * zv[2 * m] + sc[m][2] * zv[2 * m + 1];
-          pz[1] += sc[m][1] * zv[2 * m] + sc[m][3] * zv[2 * m + 1];
-        }
+      for (int o2 = 4; o2 < 32; o2 <<= 1) {
+        pz[0] += __shfl_xor_sync(0xffffffffu, pz[0], o2);
+        pz[1] += __shfl_xor_sync(0xffffffffu, pz[1], o2);
+      }
+      float vin[T::kPackV][2];
+      detail::chain_start<T::kPackV, VB>(pz, vinv, vin);
+      if constexpr (kPair) {
 #pragma unroll
-        for (int o2 = 4; o2 < 32; o2 <<= 1) {
-          pz[0] += __shfl_xor_sync(0xffffffffu, pz[0], o2);
-          pz[1] += __shfl_xor_sync(0xffffffffu, pz[1], o2);
-        }
-        float vin[T::kPackV][2];
-        detail::chain_start<T::kPackV, VB>(pz, vinv, vin);
-        if constexpr (kPair) {
+        for (int m = 0; m < kSM; ++m)
 #pragma unroll
-          for (int m = m0; m < m0 + kPvMT; ++m)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              pbh[m][e] = pb[m][e] & ~lo_cols;
-              pb[m][e] &= lo_cols;
-            }
-        }
+          for (int e = 0; e < 2; ++e) {
+            pbh[m][e] = pb[m][e] & ~lo_cols;
+            pb[m][e] &= lo_cols;
+          }
+      }
 
-        // O^T tile = V codes^T x P'': M-tile m (k-step) pairs token rows t0 = 2c G/8 + 2m and
-        // t0 + G/8; kPair: M-tiles m against pb[m], m + kSM against pbh[m]
-        float co[KS][4];
-        const unsigned char* vc = rec + (a.v_codes - base) + tb * T::kVRow + g * T::kVThr;
+      // O^T tile = V codes^T x P'': M-tile m (k-step) pairs token rows t0 = 2c G/8 + 2m and
+      // t0 + G/8; kPair: M-tiles m < kSM against pb[m], m >= kSM against pbh[m - kSM]
+      float co[KS][4];
+      const unsigned char* vc = rec + (a.v_codes - base) + tb * T::kVRow + g * T::kVThr;
 #pragma unroll
-        for (int mm = m0; mm < m0 + kPvMT * (kPair ? 2 : 1); ++mm) {
-          const int m = mm < m0 + kPvMT ? mm : mm - kPvMT + kSM;  // the record's M-tile
-          const std::uint32_t(&bp)[2] = kPair && m >= kSM ? pbh[kPair ? m - kSM : 0] : pb[m];
-          const int t0 = 2 * c * T::kTokThr + 2 * m, t1 = t0 + T::kTokThr;
-          std::uint32_t u0[(T::kVThr + 3) / 4], u1[(T::kVThr + 3) / 4], u2[(T::kVThr + 3) / 4],
-              u3[(T::kVThr + 3) / 4];
-          lds_bytes<T::kVThr>(vc + t0 * T::kVRow, u0);
-          lds_bytes<T::kVThr>(vc + t1 * T::kVRow, u1);
-          lds_bytes<T::kVThr>(vc + (t0 + 1) * T::kVRow, u2);
-          lds_bytes<T::kVThr>(vc + (t1 + 1) * T::kVRow, u3);
+      for (int m = 0; m < kSM * (kPair ? 2 : 1); ++m) {
+        const std::uint32_t(&bp)[2] = kPair && m >= kSM ? pbh[kPair ? m - kSM : 0] : pb[m];
+        const int t0 = 2 * c * T::kTokThr + 2 * m, t1 = t0 + T::kTokThr;
+        std::uint32_t u0[(T::kVThr + 3) / 4], u1[(T::kVThr + 3) / 4], u2[(T::kVThr + 3) / 4],
+            u3[(T::kVThr + 3) / 4];
+        lds_bytes<T::kVThr>(vc + t0 * T::kVRow, u0);
+        lds_bytes<T::kVThr>(vc + t1 * T::kVRow, u1);
+        lds_bytes<T::kVThr>(vc + (t0 + 1) * T::kVRow, u2);
+        lds_bytes<T::kVThr>(vc + (t1 + 1) * T::kVRow, u3);
 #pragma unroll
-          for (int mt = 0; mt < KS; ++mt) {
-            std::uint32_t af[4];
+        for (int mt = 0; mt < KS; ++mt) {
+          std::uint32_t af[4];
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int i = 2 * mt + e, j = i / T::kPackV;
-              const std::uint32_t x0 = __byte_perm(u0[j / 4], u1[j / 4], detail::pair_sel(j % 4));
-              const std::uint32_t x1 = __byte_perm(u2[j / 4], u3[j / 4], detail::pair_sel(j % 4));
-              af[e] = codes_sub_at<VB, T::kPackV>(x0, i);
-              af[2 + e] = codes_sub_at<VB, T::kPackV>(x1, i);
-            }
-            if (mm == m0) {  // channels 2mt, 2mt + 1 of the lane: fields (2mt) % P, (2mt + 1) % P
-              const int f0 = (2 * mt) % T::kPackV, f1 = (2 * mt + 1) % T::kPackV;
-              const float init[4] = {vin[f0][0], vin[f0][1], vin[f1][0], vin[f1][1]};
-              mma_16816_c(co[mt], af, bp, init);
-            } else {
-              mma_16816(co[mt], af, bp);
-            }
+          for (int e = 0; e < 2; ++e) {
+            const int i = 2 * mt + e, j = i / T::kPackV;
+            const std::uint32_t x0 = __byte_perm(u0[j / 4], u1[j / 4], detail::pair_sel(j % 4));
+            const std::uint32_t x1 = __byte_perm(u2[j / 4], u3[j / 4], detail::pair_sel(j % 4));
+            af[e] = codes_sub_at<VB, T::kPackV>(x0, i);
+            af[2 + e] = codes_sub_at<VB, T::kPackV>(x1, i);
+          }
+          if (m == 0) {  // channels 2mt, 2mt + 1 of the lane: fields (2mt) % P, (2mt + 1) % P
+            const int f0 = (2 * mt) % T::kPackV, f1 = (2 * mt + 1) % T::kPackV;
+            const float init[4] = {vin[f0][0], vin[f0][1], vin[f1][0], vin[f1][1]};
+            mma_16816_c(co[mt], af, bp, init);
+          } else {
+            mma_16816(co[mt], af, bp);
           }
         }
-        if constexpr (T::kWarps != 1) load_scv();
-#pragma unroll
-        for (int mt = 0; mt < KS; ++mt)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) o[mt][r] = fmaf(scv[2 * mt + (r >> 1)], co[mt][r], o[mt][r]);
       }
+      if constexpr (T::kWarps != 1) load_scv();
+#pragma unroll
+      for (int mt = 0; mt < KS; ++mt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) o[mt][r] = fmaf(scv[2 * mt + (r >> 1)], co[mt][r], o[mt][r]);
     }
   };
   float sc_item[kSM][4];  // kPieces: the scores of the record whose value piece is next

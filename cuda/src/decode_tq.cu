@@ -53,9 +53,10 @@ void launch_tq_pair(const TqDecodeArgs& a, const LaunchShape& s, cudaStream_t st
 constexpr long long kTqPairMinTokens = 64;
 template <int D, int KB, int VB, bool NC>
 void launch_tq_nc(const TqDecodeArgs& a, const LaunchShape& s, cudaStream_t stream) {
+  // (from the block table's width, as the split count itself)
+  const int splits = std::max(a.num_splits, 1);
   const long long split_tokens =
-      static_cast<long long>((a.max_blocks + a.num_splits - 1) / std::max(a.num_splits, 1)) *
-      a.page;
+      static_cast<long long>((a.max_blocks + splits - 1) / splits) * a.page;
   if (a.qpk <= kPairHeads && split_tokens >= kTqPairMinTokens) {
     launch_tq_pair<D, KB, VB, NC, true>(a, s, stream);
   } else {

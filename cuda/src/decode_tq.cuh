@@ -236,11 +236,13 @@ __device__ __forceinline__ std::uint32_t hmul2_u32(std::uint32_t a) {
 // as alone (B's columns 4-7 repeat the heads of 0-3), but a lane keeps only its half of the score
 // columns: c < 2 item A's, c >= 2 item B's, so the norm scaling, the softmax, p'' and sum p z run
 // once per two items; PV takes P'' with the other item's columns zeroed, and the two column
-// halves of O (lanes c, c ^ 2) are added once at the end.
+// halves of O (lanes c, c ^ 2) are added once at the end. Every stage is filled before the first
+// step (a step frees its two stages at its end), so kStages - 2 items are ahead of a step.
 template <int D, int KB, int VB, bool NC, int W, bool kPair = false>
 __global__ void __launch_bounds__(32 * W, TqTraits<D, KB, VB, W>::kMinCtas)
     paged_decode_tq_kernel(TqDecodeArgs a) {
   static_assert(!NC || KB != 8, "norm correction needs Lloyd-Max keys");
+  static_assert(!kPair || kPairHeads == 4, "kPair: heads g & 3, halves c < 2 and c >= 2");
   using T = TqTraits<D, KB, VB, W>;
   constexpr int KS = T::kKSteps;
   constexpr bool TAB = T::kTab;  // key centroids from the shared-memory pair table
