@@ -243,6 +243,16 @@ __device__ __forceinline__ void online_softmax(float (&sc)[MT][4], float (&m)[2]
   l[1] = l[1] * alpha[1] + ls[1];
 }
 
+// kPairCols: columns h and h + 4 of O are both head h (lanes c and c ^ 2 hold them); adds the
+// two halves, so the lanes c < 2 hold each head's output.
+template <int KS>
+__device__ __forceinline__ void add_pair_cols(float (&o)[KS][4]) {
+#pragma unroll
+  for (int mt = 0; mt < KS; ++mt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) o[mt][r] += __shfl_xor_sync(0xffffffffu, o[mt][r], 2);
+}
+
 // Merge the online-softmax states of a CTA's two warps (same fragment ownership per lane): warp 1
 // writes its output, maxima and sums to `xfer` ([4 KS + 4][32] floats, lane-minor: no bank
 // conflicts), warp 0 rescales both to the common maximum and adds. Every thread of the CTA calls
@@ -1020,12 +1030,7 @@ __global__ void __launch_bounds__(32 * W, decode_min_ctas(F, D, G, KB, VB, W, kP
       return;
     }
   }
-  if constexpr (kPair) {  // columns h and h + 4 are head h: lanes c < 2 write the sum
-#pragma unroll
-    for (int mt = 0; mt < KS; ++mt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) o[mt][r] += __shfl_xor_sync(0xffffffffu, o[mt][r], 2);
-  }
+  if constexpr (kPair) detail::add_pair_cols<KS>(o);  // lanes c < 2 write (qpk <= 4)
   const float vscale = F == KvFormat::kFp8 ? a.v_scale[h] : 1.0f;
 #pragma unroll
   for (int k = 0; k < 2; ++k) {

@@ -592,12 +592,7 @@ __global__ void __launch_bounds__(32 * W, TqTraits<D, KB, VB, W>::kMinCtas)
   // ---- O = acc 2^(24 - e VB) (row e: code field e) + sum p z; normalize; write (heads 2c,
   // 2c + 1; kPair: lanes c < 2 after adding the column halves of lanes c ^ 2) ----
   constexpr float kUnsub0 = 16777216.0f, kUnsub1 = kUnsub0 / static_cast<float>(1 << VB);
-  if constexpr (kPair) {
-#pragma unroll
-    for (int mt = 0; mt < KS; ++mt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) o[mt][r] += __shfl_xor_sync(0xffffffffu, o[mt][r], 2);
-  }
+  if constexpr (kPair) detail::add_pair_cols<KS>(o);
 #pragma unroll
   for (int k = 0; k < 2; ++k)
 #pragma unroll
